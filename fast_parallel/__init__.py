@@ -1,0 +1,16 @@
+"""fast_parallel: one copy per dtype and native scatter for mmdet/mmdet3d."""
+from .adapters import register_adapter, register_tensor_holder
+from .collate import PackedCollate, packed_collate
+from .config import disable, enable
+from .hooks import FastParallelHook
+from .packing import PackedBatch, PackingError, pack
+from .wrappers import FastDataParallel, FastDistributedDataParallel
+
+__version__ = '0.1.0'
+
+__all__ = [
+    'FastDataParallel', 'FastDistributedDataParallel', 'FastParallelHook',
+    'PackedBatch', 'PackedCollate', 'PackingError', 'disable', 'enable',
+    'pack', 'packed_collate', 'register_adapter', 'register_tensor_holder',
+    '__version__'
+]

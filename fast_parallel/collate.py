@@ -1,0 +1,84 @@
+"""Collate functions that hand the DataLoader a ``PackedBatch``."""
+from functools import partial
+from typing import Any, Callable, Sequence, Union
+
+from mmengine.dataset import pseudo_collate
+from mmengine.registry import FUNCTIONS
+
+from .packing import PackedBatch, pack
+
+
+@FUNCTIONS.register_module()
+def packed_collate(data_batch: Sequence) -> PackedBatch:
+    """``pack(pseudo_collate(data_batch))``.
+
+    Use it in any mmdet / mmdet3d config with
+    ``collate_fn=dict(type='packed_collate')``. An empty batch packs to an
+    empty list.
+
+    Args:
+        data_batch (Sequence): The samples of one batch.
+
+    Returns:
+        PackedBatch: The batch, one buffer per dtype.
+    """
+    return pack(pseudo_collate(data_batch) if len(data_batch) else [])
+
+
+def build_collate(cfg: Union[Callable, dict, str]) -> Callable:
+    """Builds a collate function the way mmengine's Runner does.
+
+    Args:
+        cfg (callable | dict | str): A function, a name in ``FUNCTIONS``, or
+            a dict with ``type`` and keyword arguments bound with
+            ``functools.partial``.
+
+    Returns:
+        callable: The collate function.
+    """
+    if isinstance(cfg, str):
+        cfg = dict(type=cfg)
+    if isinstance(cfg, dict):
+        cfg = dict(cfg)
+        fn = cfg.pop('type')
+        if isinstance(fn, str):
+            fn = FUNCTIONS.get(fn)
+            if fn is None:
+                raise KeyError(f'no collate function {cfg!r} in FUNCTIONS')
+        return partial(fn, **cfg) if cfg else fn
+    return cfg
+
+
+class PackedCollate:
+    """Packs the output of any other collate function.
+
+    Args:
+        inner (callable | dict | str): A collate function, or its config in
+            mmengine's ``FUNCTIONS`` (e.g. ``dict(type='default_collate')``).
+            Defaults to ``pseudo_collate``.
+    """
+
+    def __init__(self, inner: Union[Callable, dict] = pseudo_collate) -> None:
+        inner = build_collate(inner)
+        if isinstance(inner, PackedCollate):
+            inner = inner.inner
+        self.inner = inner
+
+    def __call__(self, data_batch: Sequence) -> PackedBatch:
+        return pack(self.inner(data_batch) if len(data_batch) else [])
+
+    def __repr__(self) -> str:
+        name = getattr(self.inner, '__name__', repr(self.inner))
+        return f'PackedCollate({name})'
+
+
+def is_packed_collate(fn: Any) -> bool:
+    """Whether ``fn`` already produces ``PackedBatch`` objects.
+
+    Args:
+        fn: A collate function.
+
+    Returns:
+        bool: True for ``packed_collate`` and ``PackedCollate`` instances.
+    """
+    return fn is packed_collate or isinstance(fn, PackedCollate)
