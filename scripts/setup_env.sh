@@ -45,7 +45,7 @@ has 'import mmdet3d' || $PIP install --no-deps -r requirements/mmdet3d.txt
 has 'import nuscenes, lyft_dataset_sdk, numba, trimesh, plyfile, skimage' \
   || $PIP install -r requirements/mmdet3d-deps.txt
 has 'import pytest, hypothesis' || $PIP install -r requirements/tests.txt
-has 'import fast_parallel' || $PIP install --no-build-isolation --no-deps -e .
+ show fast_parallel >/dev/null 2>&1 || $PIP install --no-build-isolation --no-deps -e .
 "$PY" -c 'import torch, mmcv, mmcv.ops, mmengine, mmdet, mmdet3d, fast_parallel
 print("environment ready: torch", torch.__version__, "mmcv", mmcv.__version__,
       "mmengine", mmengine.__version__, "mmdet", mmdet.__version__,

@@ -82,7 +82,8 @@ class TransferMixin:
 
         Anything else (e.g. plain ``pseudo_collate`` output) is returned
         as is: the model's data_preprocessor moves it as stock would, and
-        the figures record what that will copy.
+        the figures record what that will copy. A move to the device the
+        batch is on already (CPU training) copies nothing and records 0.
 
         Args:
             data: The batch from the DataLoader.
@@ -101,8 +102,10 @@ class TransferMixin:
                 data) else 0
             nbytes = moved.nbytes if copies else 0
             data = moved.unpack()
-        else:
+        elif device.type != 'cpu':
             copies, nbytes = stock_transfers(data)
+        else:  # batches from the DataLoader are on the CPU already
+            copies, nbytes = 0, 0
         self._stats().add(mode, time.perf_counter() - start, copies, nbytes)
         _publish(mode, self._stats().last[mode])
         return data
