@@ -6,7 +6,10 @@
 _base_ = 'mmdet3d::pointpillars/pointpillars_hv_secfpn_8xb6-160e_kitti-3d-car.py'
 
 custom_imports = dict(
-    imports=['fast_parallel', 'fast_parallel.kitti_cpu_eval'],
+    imports=[
+        'fast_parallel', 'fast_parallel.kitti_cpu_eval',
+        'fast_parallel.mmdet3d_compat'
+    ],
     allow_failed_imports=False)
 custom_hooks = [dict(type='FastParallelHook')]
 
@@ -24,6 +27,7 @@ model = dict(
     middle_encoder=dict(output_shape=[128, 128]))
 
 db_sampler = dict(
+    type='DataBaseSamplerNp124',  # upstream's np.long fails on numpy 1.26
     data_root=data_root,
     info_path=data_root + 'kitti_dbinfos_train.pkl',
     rate=1.0,

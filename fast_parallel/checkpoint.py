@@ -1,0 +1,80 @@
+"""Safe loading of mmengine checkpoints on torch >= 2.6.
+
+torch 2.6 made ``torch.load`` default to ``weights_only=True``; mmengine
+0.10.7 calls ``torch.load`` without the argument, so loading its own
+checkpoints (``load_from``, ``--resume``) fails: the message hub it saves
+holds ``HistoryBuffer`` objects with numpy arrays and scalars, and the
+statistics methods registered on ``HistoryBuffer``, which pickle as
+``getattr(HistoryBuffer, 'mean')``.
+
+:func:`allow_mmengine_checkpoints` keeps safe loading on and adds exactly
+those types to torch's allow-list. ``getattr`` is never allowed as such (it
+would let a checkpoint reach any attribute of any allowed object, and from
+there code): the name is bound to :func:`_history_buffer_method`, which only
+returns the registered statistics methods of ``HistoryBuffer``. A checkpoint
+that needs anything else — say a ``__reduce__`` that calls ``os.system`` —
+is still refused by torch's weights-only unpickler.
+
+``import fast_parallel`` calls it once; nothing switches safe loading off.
+"""
+from typing import Any, List
+
+import numpy as np
+import torch
+from mmengine.logging.history_buffer import HistoryBuffer
+
+# Registered by HistoryBuffer.__init__; custom ones by register_statistics.
+_BUILTIN_STATISTICS = frozenset(('min', 'max', 'current', 'mean'))
+
+
+def _history_buffer_method(obj: Any, name: str) -> Any:
+    """``getattr`` limited to ``HistoryBuffer``'s statistics methods.
+
+    Args:
+        obj: What the checkpoint asks an attribute of.
+        name (str): The attribute.
+
+    Returns:
+        The registered statistics method ``HistoryBuffer.<name>``.
+
+    Raises:
+        pickle.UnpicklingError: For anything else.
+    """
+    allowed = _BUILTIN_STATISTICS.union(HistoryBuffer._statistics_methods)
+    if obj is HistoryBuffer and name in allowed:
+        return getattr(HistoryBuffer, name)
+    import pickle
+    raise pickle.UnpicklingError(
+        f'checkpoint asks for getattr({obj!r}, {name!r}); only the '
+        'statistics methods of mmengine HistoryBuffer are allowed')
+
+
+def mmengine_safe_globals() -> List[Any]:
+    """What mmengine checkpoints carry beyond tensors and plain containers.
+
+    Returns:
+        list: Entries for ``torch.serialization.add_safe_globals``.
+    """
+    from numpy.core import multiarray  # numpy 2: numpy._core, same names
+    dtypes = {type(np.dtype(t)) for t in (
+        'bool', 'int8', 'uint8', 'int16', 'int32', 'int64', 'float16',
+        'float32', 'float64')}
+    return [
+        HistoryBuffer,
+        np.ndarray,
+        np.dtype,
+        multiarray._reconstruct,
+        multiarray.scalar,
+        *sorted(dtypes, key=lambda t: t.__name__),
+        (_history_buffer_method, 'builtins.getattr'),
+    ]
+
+
+def allow_mmengine_checkpoints() -> None:
+    """Adds :func:`mmengine_safe_globals` to torch's weights-only allow-list.
+
+    Idempotent. Safe loading stays on for everything else.
+    """
+    add = getattr(torch.serialization, 'add_safe_globals', None)
+    if add is not None:  # torch < 2.4 loads without weights_only anyway
+        add(mmengine_safe_globals())

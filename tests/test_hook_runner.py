@@ -1,0 +1,96 @@
+"""FastParallelHook through mmengine's Runner on real mmdet/mmdet3d configs.
+
+The sample configs differ from stock only by ``custom_imports`` and the
+``FastParallelHook`` line (``fast_parallel.disable`` removes the line).
+"""
+import glob
+
+import pytest
+import torch
+from mmengine.runner import Runner
+from models import CONFIGS, assert_same_tensors
+from runner_utils import loss_history, sample_config
+
+from fast_parallel import FastDataParallel, PackedCollate
+
+# PointPillars' pipeline JIT-compiles numba code in every new process; one
+# process (num_workers=0) keeps the test short. YOLOX runs with 2 workers.
+OVERRIDES = {
+    'yolox': {'train_cfg.max_epochs': 1, 'train_cfg.val_interval': 1},
+    'pointpillars': {
+        'train_cfg.max_epochs': 1, 'train_cfg.val_interval': 1,
+        'train_dataloader.num_workers': 0, 'val_dataloader.num_workers': 0,
+        'test_dataloader.num_workers': 0,
+    },
+}
+
+
+@pytest.fixture(scope='module')
+def runs(sample_data, tmp_path_factory):
+    """Per config and path, one Runner that trained (1 epoch) and tested."""
+    cache = {}
+
+    def get(kind, path):
+        if (kind, path) not in cache:
+            work_dir = tmp_path_factory.mktemp(f'{kind}_{path}')
+            cfg = sample_config(CONFIGS[kind], sample_data, work_dir,
+                                path == 'fast', **OVERRIDES[kind])
+            runner = Runner.from_cfg(cfg)
+            runner.train()
+            cache[kind, path] = dict(
+                runner=runner, work_dir=work_dir, losses=loss_history(runner),
+                test=runner.test())
+        return cache[kind, path]
+
+    return get
+
+
+@pytest.mark.parametrize('kind', ['yolox', 'pointpillars'])
+def test_two_lines_train_val_test_like_stock(kind, runs):
+    stock, fast = runs(kind, 'stock'), runs(kind, 'fast')
+    # the hook put the fast path in place, the stock run stayed stock
+    fast_runner = fast['runner']
+    assert isinstance(fast_runner.model, FastDataParallel)
+    assert not isinstance(stock['runner'].model, FastDataParallel)
+    for loop in (fast_runner.train_loop, fast_runner.val_loop,
+                 fast_runner.test_loop):
+        assert isinstance(loop.dataloader.collate_fn, PackedCollate)
+    # every loss of every iteration identical
+    assert 'train/loss' in stock['losses']
+    assert set(stock['losses']) == set(fast['losses'])
+    for key, values in stock['losses'].items():
+        assert len(values) == fast_runner.max_iters
+        assert values == fast['losses'][key], key
+    # identical test metrics and final parameters
+    assert stock['test'] and stock['test'] == fast['test']
+    assert_same_tensors(stock['runner'].model.state_dict(),
+                        fast_runner.model.module.state_dict())
+    # the training log shows the transfer figures next to data_time
+    log = open(glob.glob(str(fast['work_dir'] / '*' / '*.log'))[0]).read()
+    train_lines = [ln for ln in log.splitlines() if 'Epoch(train)' in ln]
+    assert train_lines and all(
+        'data_time' in ln and 'transfer_time' in ln and 'transfer_mb' in ln
+        for ln in train_lines)
+    for mode in ('train', 'val', 'test'):
+        assert f'fast_parallel {mode}: per batch transfer_time' in log
+
+
+@pytest.mark.parametrize('src,dst', [('fast', 'stock'), ('stock', 'fast')])
+def test_checkpoints_move_between_stock_and_fast(src, dst, runs, sample_data,
+                                                 tmp_path):
+    kind = 'yolox'
+    trained = runs(kind, src)
+    ckpt = trained['work_dir'] / 'epoch_1.pth'
+    # loads with weights_only=True thanks to the allow-list
+    state = torch.load(ckpt)['state_dict']
+    model = trained['runner'].model
+    model = model.module if src == 'fast' else model
+    assert list(state) == list(model.state_dict())  # no `module.` prefix
+    second = Runner.from_cfg(
+        sample_config(CONFIGS[kind], sample_data, tmp_path, dst == 'fast',
+                      load_from=str(ckpt), **OVERRIDES[kind]))
+    metrics = second.test()  # loads `load_from` strictly, then tests
+    loaded = second.model.module if dst == 'fast' else second.model
+    assert_same_tensors(state, loaded.state_dict())
+    # same weights, other path: the same test metrics as the source run
+    assert metrics == trained['test']
