@@ -15,6 +15,35 @@ from .wrappers.data_parallel import module_device
 FAST_WRAPPERS = (FastDataParallel, FastDistributedDataParallel)
 
 
+def _restart_iterators(loop: BaseLoop, loader) -> None:
+    """Drops iterators that were started before the collate_fn changed.
+
+    Workers receive the collate function when they start. A persistent
+    DataLoader keeps its workers in ``loader._iterator``, and
+    ``IterBasedTrainLoop`` starts its iterator when the loop is built,
+    before any hook runs: both would keep collating the old way. The new
+    iterator draws the same sampler order and seeds its workers the same
+    way (mmengine's worker_init_fn), so the batches are the ones the old
+    one would have produced.
+    """
+    old = getattr(loader, '_iterator', None)
+    if old is not None:
+        old._shutdown_workers()
+        loader._iterator = None
+    infinite = getattr(loop, 'dataloader_iterator', None)
+    if infinite is not None and getattr(infinite, '_iterator', None) \
+            is not None:
+        stale = infinite._iterator
+        if stale is not old and hasattr(stale, '_shutdown_workers'):
+            stale._shutdown_workers()
+        # Starting an iterator draws its base seed from torch's global
+        # generator; the model's weights are initialised from it after
+        # before_run, so the draw must not show.
+        rng = torch.get_rng_state()
+        infinite._iterator = iter(loader)
+        torch.set_rng_state(rng)
+
+
 @HOOKS.register_module()
 class FastParallelHook(Hook):
     """Turns on the fast data path for the train, val and test loops.
@@ -82,10 +111,13 @@ class FastParallelHook(Hook):
                 loop, BaseLoop) else None
             if loader is None:
                 continue
-            if not is_packed_collate(loader.collate_fn):
+            changed = not is_packed_collate(loader.collate_fn)
+            if changed:
                 loader.collate_fn = PackedCollate(loader.collate_fn)
-            if pin and torch.cuda.is_available():
-                loader.pin_memory = True
+            if pin and torch.cuda.is_available() and not loader.pin_memory:
+                loader.pin_memory = changed = True
+            if changed:
+                _restart_iterators(loop, loader)
 
     def _wrap_model(self, runner) -> bool:
         model = runner.model

@@ -1,0 +1,60 @@
+"""Shared set-up of the command-line tools (tools/*.py)."""
+import os.path as osp
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from mmengine.config import Config
+
+from .config import disable, enable
+
+
+def init_cpu_distributed(cfg: Config) -> None:
+    """Starts gloo for a launcher run on a machine without CUDA.
+
+    mmengine's ``init_dist`` for the ``pytorch`` launcher always calls
+    ``torch.cuda.set_device``, which a CPU build of torch does not have.
+    With no CUDA, this joins the process group itself (gloo, from the
+    ``torchrun`` environment) before the Runner is built; the Runner then
+    sees an initialised group and skips its own ``init_dist``.
+
+    Args:
+        cfg (Config): The config; its ``env_cfg.dist_cfg.backend`` is set to
+            ``'gloo'`` when this starts the group.
+    """
+    if cfg.get('launcher', 'none') == 'none' or torch.cuda.is_available():
+        return
+    if not dist.is_initialized():
+        dist.init_process_group(backend='gloo')
+    cfg.setdefault('env_cfg', {}).setdefault('dist_cfg', {})['backend'] = \
+        'gloo'
+
+
+def apply_common_args(cfg: Config, config_path: str,
+                      work_dir: Optional[str], launcher: str,
+                      fast: Optional[bool]) -> Config:
+    """Work dir, launcher and the fast-path switch, as the tools share them.
+
+    Args:
+        cfg (Config): The loaded config (``--cfg-options`` merged).
+        config_path (str): The config file (names the default work dir).
+        work_dir (str, optional): ``--work-dir``.
+        launcher (str): ``--launcher``.
+        fast (bool, optional): ``--fast`` (True), ``--no-fast`` (False) or
+            neither (None: as the config says).
+
+    Returns:
+        Config: ``cfg``, changed.
+    """
+    cfg.launcher = launcher
+    if work_dir is not None:
+        cfg.work_dir = work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = osp.join('./work_dirs',
+                                osp.splitext(osp.basename(config_path))[0])
+    if fast is True:
+        enable(cfg)
+    elif fast is False:
+        disable(cfg)
+    init_cpu_distributed(cfg)
+    return cfg

@@ -1,0 +1,88 @@
+"""Test (evaluate) a checkpoint of an mmdet / mmdet3d model.
+
+Usage:
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out RESULTS.pkl]
+        [--json METRICS.json] [--fast | --no-fast]
+        [--cfg-options KEY=VALUE ...] [--launcher {none,pytorch,slurm,mpi}]
+
+Prints the metrics (and writes them to ``--json``); ``--out`` dumps the
+predictions with mmengine's ``DumpResults``.
+"""
+import argparse
+import json
+import os
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmengine.config import Config, DictAction  # noqa: E402
+from mmengine.dist import is_main_process  # noqa: E402
+from mmengine.registry import RUNNERS  # noqa: E402
+from mmengine.runner import Runner  # noqa: E402
+
+import fast_parallel  # noqa: E402,F401  (registers, allow-lists checkpoints)
+from fast_parallel.launch import apply_common_args  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Parses the command line (mmdet's flags plus ``--fast``)."""
+    parser = argparse.ArgumentParser(description='Test (and eval) a model')
+    parser.add_argument('config', help='test config file path')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('--work-dir', help='the dir to save logs and results')
+    parser.add_argument('--out', help='dump predictions to this pickle file')
+    parser.add_argument('--json', help='write the metrics to this JSON file')
+    parser.add_argument(
+        '--fast', action=argparse.BooleanOptionalAction, default=None,
+        help='--fast: switch the fast data path on; --no-fast: off; '
+        'neither: as the config says')
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction,
+        help='override settings of the config, key=value')
+    parser.add_argument(
+        '--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def main(argv=None) -> dict:
+    """Builds the Runner, loads the checkpoint, tests and prints metrics.
+
+    Returns:
+        dict: The metrics.
+    """
+    args = parse_args(argv)
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    apply_common_args(cfg, args.config, args.work_dir, args.launcher,
+                      args.fast)
+    cfg.load_from = args.checkpoint
+    if args.out is not None:
+        if not args.out.endswith(('.pkl', '.pickle')):
+            raise ValueError('--out must be a .pkl file')
+        evaluators = cfg.test_evaluator
+        if isinstance(evaluators, dict):
+            evaluators = [evaluators]
+        cfg.test_evaluator = list(evaluators) + [
+            dict(type='DumpResults', out_file_path=args.out)]
+    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else \
+        RUNNERS.build(cfg)
+    metrics = runner.test()
+    if is_main_process():
+        printable = {k: float(v) if isinstance(v, (int, float)) else str(v)
+                     for k, v in metrics.items()}
+        print(json.dumps(printable, indent=1))
+        if args.json:
+            with open(args.json, 'w') as f:
+                json.dump(printable, f, indent=1)
+    return metrics
+
+
+if __name__ == '__main__':
+    main()

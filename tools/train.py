@@ -1,0 +1,95 @@
+"""Train an mmdet / mmdet3d model, on the fast path or the stock one.
+
+Usage:
+    python tools/train.py CONFIG [--work-dir DIR] [--amp] [--auto-scale-lr]
+        [--resume [CHECKPOINT]] [--fast | --no-fast]
+        [--cfg-options KEY=VALUE ...] [--launcher {none,pytorch,slurm,mpi}]
+
+As mmdet's tools/train.py; in addition ``--fast`` applies
+``fast_parallel.enable`` to any config (``--no-fast`` removes the fast path
+from a fast config). ``--resume`` without a path resumes from the latest
+checkpoint in the work dir.
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmengine.config import Config, DictAction  # noqa: E402
+from mmengine.registry import RUNNERS  # noqa: E402
+from mmengine.runner import Runner  # noqa: E402
+
+import fast_parallel  # noqa: E402,F401  (registers, allow-lists checkpoints)
+from fast_parallel.launch import apply_common_args  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Parses the command line (mmdet's flags plus ``--fast``)."""
+    parser = argparse.ArgumentParser(description='Train a detector')
+    parser.add_argument('config', help='train config file path')
+    parser.add_argument('--work-dir', help='the dir to save logs and models')
+    parser.add_argument(
+        '--amp', action='store_true', help='enable automatic mixed precision')
+    parser.add_argument(
+        '--auto-scale-lr', action='store_true',
+        help='scale the learning rate to the actual batch size')
+    parser.add_argument(
+        '--resume', nargs='?', type=str, const='auto',
+        help='resume from CHECKPOINT, or from the latest checkpoint in the '
+        'work dir when no path is given')
+    parser.add_argument(
+        '--fast', action=argparse.BooleanOptionalAction, default=None,
+        help='--fast: switch the fast data path on; --no-fast: off; '
+        'neither: as the config says')
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction,
+        help='override settings of the config, key=value')
+    parser.add_argument(
+        '--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def build_config(args: argparse.Namespace) -> Config:
+    """The config with every command-line switch applied."""
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    apply_common_args(cfg, args.config, args.work_dir, args.launcher,
+                      args.fast)
+    if args.amp:
+        optim_wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
+        if optim_wrapper != 'AmpOptimWrapper':
+            cfg.optim_wrapper.type = 'AmpOptimWrapper'
+            cfg.optim_wrapper.loss_scale = 'dynamic'
+    if args.auto_scale_lr:
+        if 'auto_scale_lr' not in cfg or 'base_batch_size' not in \
+                cfg.auto_scale_lr:
+            raise RuntimeError('the config has no auto_scale_lr.'
+                               'base_batch_size to scale from')
+        cfg.auto_scale_lr.enable = True
+    if args.resume == 'auto':
+        cfg.resume = True
+        cfg.load_from = None
+    elif args.resume is not None:
+        cfg.resume = True
+        cfg.load_from = args.resume
+    return cfg
+
+
+def main(argv=None) -> None:
+    """Builds the Runner from the config and trains."""
+    cfg = build_config(parse_args(argv))
+    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else \
+        RUNNERS.build(cfg)
+    runner.train()
+
+
+if __name__ == '__main__':
+    main()
