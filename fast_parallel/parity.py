@@ -41,7 +41,9 @@ class ParityRecorderHook(Hook):
     def __init__(self, record: dict, progress: Optional[Any] = None) -> None:
         self.record = record
         self.progress = progress
-        record.update(losses=[], grad_norm=[], metrics={}, packed=0)
+        record.update(losses=[], grad_norm=[], metrics={}, packed=0,
+                      predictions=None)
+        self._predictions = hashlib.sha256()
 
     def before_train(self, runner) -> None:
         """Hooks the optimizer to see the gradients before each step."""
@@ -71,9 +73,25 @@ class ParityRecorderHook(Hook):
                          outputs=None) -> None:
         """Keeps this iteration's loss terms."""
         self.record['losses'].append(
-            {k: float(v) for k, v in (outputs or {}).items()})
+            {k: float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
+             for k, v in (outputs or {}).items()})
         if self.progress is not None:
             self.progress()
+
+    def after_val_iter(self, runner, batch_idx: int, data_batch=None,
+                       outputs=None) -> None:
+        """Hashes every predicted tensor, bit for bit, in sample order."""
+        for sample in outputs or []:
+            for field in sorted(k for k in sample.keys()
+                                if k.startswith('pred')):
+                preds = getattr(sample, field)
+                keys = sorted(preds.keys()) if hasattr(preds, 'keys') else []
+                for key in keys:
+                    value = getattr(preds, key)
+                    value = getattr(value, 'tensor', value)
+                    if isinstance(value, torch.Tensor):
+                        self._predictions.update(_tensor_bytes(value))
+        self.record['predictions'] = self._predictions.hexdigest()
 
     def after_val_epoch(self, runner, metrics=None) -> None:
         """Keeps the validation metrics."""
@@ -140,14 +158,20 @@ def params_checksum(model: torch.nn.Module) -> Dict[str, Any]:
         model = model.module
     digest, total, n = hashlib.sha256(), 0.0, 0
     for name, value in sorted(model.state_dict().items()):
-        t = value.detach().cpu().contiguous()
+        t = value.detach().cpu()
         digest.update(name.encode())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes()
-                      if t.numel() else b'')
+        digest.update(_tensor_bytes(t))
         if t.is_floating_point():
             total += t.double().sum().item()
         n += 1
     return dict(sha256=digest.hexdigest(), sum=total, tensors=n)
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    """A tensor's shape, dtype and raw bytes."""
+    head = f'{t.dtype}{tuple(t.shape)}'.encode()
+    t = t.detach().cpu().contiguous().reshape(-1)
+    return head + (t.view(torch.uint8).numpy().tobytes() if t.numel() else b'')
 
 
 def run_once(cfg: Config, progress: Optional[Any] = None) -> dict:
@@ -226,6 +250,11 @@ def compare(stock: dict, fast: dict, atol: float = 0.0) -> List[dict]:
         rows.append(dict(what='params max |diff|', stock=0.0, fast=diff,
                          same=diff <= atol))
         rows[-2]['same'] = True  # bits may differ within the tolerance
+    if stock['predictions'] or fast['predictions']:
+        sa, sb = stock['predictions'], fast['predictions']
+        rows.append(dict(what='val predictions sha256',
+                         stock=sa and sa[:16], fast=sb and sb[:16],
+                         same=sa == sb or bool(atol)))
     for key in sorted(set(stock['metrics']) | set(fast['metrics'])):
         a, b = stock['metrics'].get(key), fast['metrics'].get(key)
         rows.append(dict(what=key, stock=a, fast=b, same=_close(a, b, atol)))

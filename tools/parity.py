@@ -76,10 +76,12 @@ def main(argv=None) -> int:
             run_cfg = parity_config(cfg, path, args.iters, args.eval,
                                     work_dir, args.seed, args.deterministic,
                                     args.fast_hooks)
-            # The runs' own output (logs, COCO tables) goes to a file.
+            # The runs' own output (logs, warnings, COCO tables) goes to a
+            # file; the progress bar keeps the terminal.
             os.makedirs(run_cfg.work_dir, exist_ok=True)
             log = osp.join(run_cfg.work_dir, 'output.log')
-            with open(log, 'w') as f, contextlib.redirect_stdout(f):
+            with open(log, 'w') as f, contextlib.redirect_stdout(f), \
+                    contextlib.redirect_stderr(f):
                 records[path] = run_once(run_cfg, progress=bar.update)
     rows = compare(records['stock'], records['fast'], args.atol)
     ok = all(r['same'] for r in rows)
