@@ -1,4 +1,5 @@
 """fast_parallel: one copy per dtype and native scatter for mmdet/mmdet3d."""
+from .accuracy import AccuracyParityHook
 from .adapters import register_adapter, register_tensor_holder
 from .checkpoint import allow_mmengine_checkpoints
 from .collate import PackedCollate, packed_collate
@@ -13,8 +14,9 @@ __version__ = '0.1.0'
 allow_mmengine_checkpoints()
 
 __all__ = [
-    'FastDataParallel', 'allow_mmengine_checkpoints', 'FastDistributedDataParallel', 'FastParallelHook',
-    'PackedBatch', 'PackedCollate', 'PackingError', 'disable', 'enable',
-    'pack', 'packed_collate', 'register_adapter', 'register_tensor_holder',
+    'AccuracyParityHook', 'FastDataParallel', 'FastDistributedDataParallel',
+    'FastParallelHook', 'PackedBatch', 'PackedCollate', 'PackingError',
+    'allow_mmengine_checkpoints', 'disable', 'enable', 'pack',
+    'packed_collate', 'register_adapter', 'register_tensor_holder',
     '__version__'
 ]

@@ -46,6 +46,20 @@ def enable(cfg: Config,
     return cfg
 
 
+def is_enabled(cfg: Config) -> bool:
+    """Whether a config is on the fast path (has ``FastParallelHook``).
+
+    Args:
+        cfg (Config): A config.
+
+    Returns:
+        bool: True when ``custom_hooks`` holds a ``FastParallelHook``.
+    """
+    return any(
+        _hook_type(h) == 'FastParallelHook'
+        for h in (cfg.get('custom_hooks', None) or []))
+
+
 def disable(cfg: Config) -> Config:
     """Removes what :func:`enable` (or a fast config) adds, in place.
 

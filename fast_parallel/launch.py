@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 from mmengine.config import Config
 
-from .config import disable, enable
+from .config import disable, enable, is_enabled
 
 
 def init_cpu_distributed(cfg: Config) -> None:
@@ -52,8 +52,8 @@ def apply_common_args(cfg: Config, config_path: str,
     elif cfg.get('work_dir', None) is None:
         cfg.work_dir = osp.join('./work_dirs',
                                 osp.splitext(osp.basename(config_path))[0])
-    if fast is True:
-        enable(cfg)
+    if fast is True or (fast is None and is_enabled(cfg)):
+        enable(cfg)  # also completes a fast config (model_wrapper_cfg)
     elif fast is False:
         disable(cfg)
     init_cpu_distributed(cfg)

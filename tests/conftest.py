@@ -22,5 +22,5 @@ def load_tool(name: str):
 @pytest.fixture(scope='session')
 def sample_data(tmp_path_factory) -> Path:
     """The sample COCO and KITTI sets, made once per test session."""
-    out = tmp_path_factory.mktemp('sample_data')
+    out = tmp_path_factory.getbasetemp() / 'sample'
     return load_tool('make_sample_data').make_sample_data(out)

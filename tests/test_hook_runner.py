@@ -94,3 +94,37 @@ def test_checkpoints_move_between_stock_and_fast(src, dst, runs, sample_data,
     assert_same_tensors(state, loaded.state_dict())
     # same weights, other path: the same test metrics as the source run
     assert metrics == trained['test']
+
+
+@pytest.mark.parametrize('expected,verdict', [(0.0, 'PASS'), (0.5, 'FAIL')])
+def test_accuracy_parity_hook_verdict_line_and_json(expected, verdict, runs):
+    import json
+
+    from fast_parallel import AccuracyParityHook
+    trained = runs('yolox', 'fast')
+    runner = trained['runner']
+    hook = AccuracyParityHook(expected={'coco/bbox_mAP': expected},
+                              tolerance=0.01, source='test')
+    runner.register_hook(hook)
+    try:
+        metrics = runner.val()  # a standalone validation is final
+    finally:
+        runner._hooks.remove(hook)
+    report = json.loads(
+        (trained['work_dir'] / 'accuracy_parity.json').read_text())
+    assert report['final'] is True
+    assert report['passed'] is (verdict == 'PASS')
+    measured = report['metrics']['coco/bbox_mAP']['measured']
+    assert measured == metrics['coco/bbox_mAP']
+    log = open(glob.glob(str(trained['work_dir'] / '*' / '*.log'))[0]).read()
+    assert f'accuracy parity {verdict}: coco/bbox_mAP' in log
+
+
+def test_accuracy_parity_hook_missing_metric_fails():
+    from fast_parallel import AccuracyParityHook
+    hook = AccuracyParityHook({'a': 1.0, 'b': 2.0},
+                              tolerance={'a': 0.1, 'b': 0.0})
+    report = hook.check({'a': 1.05})
+    assert report['metrics']['a']['passed'] is True
+    assert report['metrics']['b']['passed'] is False
+    assert report['passed'] is False

@@ -5,7 +5,6 @@ The reference numbers come from one child process with
 runs upstream's ``rotate_iou_gpu_eval`` and upstream's ``KittiMetric`` on the
 same inputs as this process; see ``simulator_main``.
 """
-import importlib.util
 import math
 import os
 import pickle
@@ -157,21 +156,9 @@ def simulator_main(inputs: str, outputs: str) -> None:
         pickle.dump(dict(iou=iou, ap=ap), f)
 
 
-def load_tool():
-    """Imports ``tools/make_sample_data.py`` (``tools`` is no package)."""
-    spec = importlib.util.spec_from_file_location(
-        'make_sample_data', ROOT / 'tools' / 'make_sample_data.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope='module')
-def val_ann_file(tmp_path_factory) -> Path:
-    # Same folder as test_sample_data.py's fixture: made once per session.
-    data = load_tool().make_sample_data(
-        tmp_path_factory.getbasetemp() / 'sample')
-    return data / 'kitti' / 'kitti_infos_val.pkl'
+def val_ann_file(sample_data) -> Path:
+    return sample_data / 'kitti' / 'kitti_infos_val.pkl'
 
 
 @pytest.fixture(scope='module')
@@ -301,8 +288,11 @@ def test_use_cpu_rotate_iou_is_scoped(monkeypatch):
 
 def test_registry_and_selection(val_ann_file):
     from mmdet3d.registry import METRICS
-    metric = METRICS.build(dict(type='KittiMetricCPU',
-                                ann_file=str(val_ann_file)))
+    from mmengine.registry import DefaultScope
+    # other tests leave another default scope behind (e.g. mmdet's)
+    with DefaultScope.overwrite_default_scope('mmdet3d'):
+        metric = METRICS.build(dict(type='KittiMetricCPU',
+                                    ann_file=str(val_ann_file)))
     assert isinstance(metric, KittiMetricCPU) and metric.rotate_iou == 'auto'
     with pytest.raises(ValueError, match='rotate_iou'):
         KittiMetricCPU(ann_file=str(val_ann_file), rotate_iou='gpu')

@@ -5,7 +5,6 @@ YOLOX train pipeline; the KITTI set through mmdet3d's converter,
 ``KittiDataset`` and the PointPillars car pipeline with ``ObjectSample``.
 """
 import copy
-import importlib.util
 import json
 import math
 import pickle
@@ -16,6 +15,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 import torch
+from conftest import load_tool
 from mmengine.hub import get_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,24 +28,14 @@ YOLOX = 'mmdet::yolox/yolox_s_8xb8-300e_coco.py'
 NUMPY_WITHOUT_LONG = '1.24.0' <= np.lib.NumpyVersion(np.__version__) < '2.0.0'
 
 
-def load_tool() -> ModuleType:
-    """Imports ``tools/make_sample_data.py`` (``tools`` is no package)."""
-    spec = importlib.util.spec_from_file_location(
-        'make_sample_data', ROOT / 'tools' / 'make_sample_data.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope='module')
 def tool() -> ModuleType:
-    return load_tool()
+    return load_tool('make_sample_data')
 
 
 @pytest.fixture(scope='module')
-def data(tool, tmp_path_factory) -> Path:
-    # Under the session's base temp dir, so test_kitti_cpu_eval.py reuses it.
-    return tool.make_sample_data(tmp_path_factory.getbasetemp() / 'sample')
+def data(sample_data) -> Path:
+    return sample_data
 
 
 def kitti_labels(kitti: Path, ids) -> list:
