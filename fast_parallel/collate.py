@@ -1,11 +1,19 @@
 """Collate functions that hand the DataLoader a ``PackedBatch``."""
 from functools import partial
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from mmengine.dataset import pseudo_collate
 from mmengine.registry import FUNCTIONS
 
 from .packing import PackedBatch, pack
+from .ring import DEFAULT_RING, SharedRing
+
+
+def _pack_in_ring(tree, ring: SharedRing) -> PackedBatch:
+    """``pack`` into the worker's shared ring (fresh buffers elsewhere)."""
+    packed = pack(tree, allocate=ring.allocate)
+    packed.ticket, ring.last = ring.last, None
+    return packed
 
 
 @FUNCTIONS.register_module()
@@ -22,7 +30,8 @@ def packed_collate(data_batch: Sequence) -> PackedBatch:
     Returns:
         PackedBatch: The batch, one buffer per dtype.
     """
-    return pack(pseudo_collate(data_batch) if len(data_batch) else [])
+    return _pack_in_ring(
+        pseudo_collate(data_batch) if len(data_batch) else [], DEFAULT_RING)
 
 
 def build_collate(cfg: Union[Callable, dict, str]) -> Callable:
@@ -56,16 +65,26 @@ class PackedCollate:
         inner (callable | dict | str): A collate function, or its config in
             mmengine's ``FUNCTIONS`` (e.g. ``dict(type='default_collate')``).
             Defaults to ``pseudo_collate``.
+        ring (SharedRing, optional): Inside DataLoader workers, pack into
+            this ring of reused shared-memory buffers
+            (:mod:`fast_parallel.ring`); None packs into fresh buffers.
+            Defaults to the shared default ring.
     """
 
-    def __init__(self, inner: Union[Callable, dict] = pseudo_collate) -> None:
+    def __init__(self,
+                 inner: Union[Callable, dict, str] = pseudo_collate,
+                 ring: Optional[SharedRing] = DEFAULT_RING) -> None:
         inner = build_collate(inner)
         if isinstance(inner, PackedCollate):
             inner = inner.inner
         self.inner = inner
+        self.ring = ring
 
     def __call__(self, data_batch: Sequence) -> PackedBatch:
-        return pack(self.inner(data_batch) if len(data_batch) else [])
+        tree = self.inner(data_batch) if len(data_batch) else []
+        if self.ring is None:
+            return pack(tree)
+        return _pack_in_ring(tree, self.ring)
 
     def __repr__(self) -> str:
         name = getattr(self.inner, '__name__', repr(self.inner))

@@ -13,7 +13,7 @@ that the unpacked result equals stock ``cast_data`` leaf by leaf, devices
 included.
 """
 from collections.abc import Mapping, Sequence
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 from mmengine.structures import BaseDataElement
@@ -316,27 +316,38 @@ class PackedBatch:
             Defaults to False.
     """
 
-    __slots__ = ('buffers', 'layout', 'skeleton', 'device', 'non_blocking')
+    __slots__ = ('buffers', 'layout', 'skeleton', 'device', 'non_blocking',
+                 'ticket')
 
     def __init__(self,
                  buffers: Dict[torch.dtype, torch.Tensor],
                  layout: List[tuple],
                  skeleton: _Node,
                  device: Optional[torch.device] = None,
-                 non_blocking: bool = False) -> None:
+                 non_blocking: bool = False,
+                 ticket: Optional[Any] = None) -> None:
         self.buffers = buffers
         self.layout = layout
         self.skeleton = skeleton
         self.device = device
         self.non_blocking = non_blocking
+        # A worker-side RingTicket when the buffers live in a shared slot.
+        self.ticket = ticket
 
     def __getstate__(self) -> tuple:
+        if self.ticket is not None:  # the slot's storages, or just its key
+            return (None, self.layout, self.skeleton, self.device,
+                    self.non_blocking, self.ticket.payload())
         return (self.buffers, self.layout, self.skeleton, self.device,
-                self.non_blocking)
+                self.non_blocking, None)
 
     def __setstate__(self, state: tuple) -> None:
         (self.buffers, self.layout, self.skeleton, self.device,
-         self.non_blocking) = state
+         self.non_blocking, ring) = state
+        self.ticket = None
+        if ring is not None:
+            from .ring import receive
+            self.buffers = receive(ring)
 
     @property
     def nbytes(self) -> int:
@@ -439,7 +450,10 @@ def stock_transfers(tree: Any) -> Tuple[int, int]:
     return packer.stock_copies, packer.stock_bytes
 
 
-def pack(tree: Any, pin_memory: bool = False) -> PackedBatch:
+def pack(tree: Any, pin_memory: bool = False,
+         allocate: Optional[Callable[[Dict[torch.dtype, int]],
+                                     Dict[torch.dtype, torch.Tensor]]] = None
+         ) -> PackedBatch:
     """Packs a collated structure into one flat buffer per dtype.
 
     Args:
@@ -448,6 +462,10 @@ def pack(tree: Any, pin_memory: bool = False) -> PackedBatch:
             with an adapter (mmdet/mmdet3d boxes and points built in).
         pin_memory (bool): Allocate the buffers page-locked. Defaults to
             False.
+        allocate (callable, optional): ``{dtype: numel} -> {dtype: 1-D
+            tensor}`` providing CPU buffers of at least that many elements
+            (the shared ring of :mod:`fast_parallel.ring`). Defaults to
+            None: fresh buffers.
 
     Returns:
         PackedBatch: The packed batch.
@@ -474,11 +492,15 @@ def pack(tree: Any, pin_memory: bool = False) -> PackedBatch:
         sizes[t.dtype] = start + _aligned(t.numel() * itemsize) // itemsize
 
     device = leaves[0].device
-    pin = pin_memory and device.type == 'cpu'
-    buffers = {
-        dt: torch.empty(n, dtype=dt, device=device, pin_memory=pin)
-        for dt, n in sizes.items()
-    }
+    buffers = None
+    if allocate is not None and device.type == 'cpu':
+        buffers = allocate(sizes)
+    if buffers is None:
+        pin = pin_memory and device.type == 'cpu'
+        buffers = {
+            dt: torch.empty(n, dtype=dt, device=device, pin_memory=pin)
+            for dt, n in sizes.items()
+        }
     for t, (dt, offset, shape, stride, _) in zip(leaves, layout):
         if t.numel():
             buffers[dt].as_strided(shape, stride, offset).copy_(t.detach())

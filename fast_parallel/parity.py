@@ -182,7 +182,8 @@ def run_once(cfg: Config, progress: Optional[Any] = None) -> dict:
         progress (callable, optional): Called once per iteration.
 
     Returns:
-        dict: ``losses``, ``grad_norm``, ``metrics``, ``checksum`` and the
+        dict: ``losses``, ``grad_norm``, ``metrics``, ``checksum``, the
+        seconds of each iteration (``iter_time``), ``batch_size`` and the
         final ``params`` (CPU copies, for ``--atol`` comparisons).
     """
     record: dict = {}
@@ -191,6 +192,9 @@ def run_once(cfg: Config, progress: Optional[Any] = None) -> dict:
     runner.train()
     model = runner.model.module if is_model_wrapper(runner.model) else \
         runner.model
+    times = runner.message_hub.log_scalars.get('train/time')
+    record['iter_time'] = times.data[0].tolist() if times is not None else []
+    record['batch_size'] = runner.train_dataloader.batch_size
     record['checksum'] = params_checksum(model)
     record['params'] = {
         k: v.detach().cpu().clone() for k, v in model.state_dict().items()

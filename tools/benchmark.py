@@ -1,0 +1,350 @@
+"""Stock vs fast data path, measured side by side.
+
+Usage:
+    python tools/benchmark.py [--shapes yolox pointpillars] [--workers 0 1 2 4]
+        [--batches 30] [--warmup 5] [--repeats 3] [--step-ms 80]
+        [--configs] [--config-iters 10] [--quick]
+        [--json OUT.json] [--plot OUT.png]
+
+Measures, alternating stock and fast runs in one process, warm-up apart from
+measurement, device sync around the timers, medians and ratios:
+
+* data path: main-process time per batch from asking the DataLoader for the
+  next batch until the data_preprocessor's input is on the device (stock:
+  ``pseudo_collate`` + ``cast_data``; fast: ``packed_collate`` +
+  ``PackedBatch.to(...).unpack()``), for each ``--workers``. Between batches
+  the main process computes for ``--step-ms`` (a busy loop standing in for
+  the model), so the workers fill the queue as in training;
+* worker-side collate time per batch (``pseudo_collate`` vs
+  ``packed_collate``, in this process);
+* copies to the device and bytes per batch;
+* with ``--configs``: full training iterations of the two small configs
+  (needs ``data/sample``, made by tools/make_sample_data.py): seconds per
+  iteration and samples/s;
+* on GPUs: transfer time per batch against bytes / pinned host-to-device
+  bandwidth measured in the same run, and a scaling table over 1, 2, 4, ...
+  GPUs for FastDataParallel. Without CUDA these are reported as not run.
+
+Inputs: YOLOX-shaped batches (8 x 3x640x640 uint8, 0-100 boxes) and
+PointPillars-shaped batches (6 x 15k-25k points x 4 float32, 0-40 boxes)
+built by mmdet's PackDetInputs and mmdet3d's Pack3DDetInputs.
+"""
+import argparse
+import json
+import os.path as osp
+import platform
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+from mmengine.dataset import pseudo_collate  # noqa: E402
+from mmengine.model import BaseDataPreprocessor  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from fast_parallel import packed_collate  # noqa: E402
+from fast_parallel.packing import stock_transfers  # noqa: E402
+from fast_parallel.synthetic import (pointpillars_samples,  # noqa: E402
+                                     yolox_samples)
+
+SHAPES: Dict[str, Callable[[], list]] = {
+    'yolox': lambda: yolox_samples(8),
+    'pointpillars': lambda: pointpillars_samples(6),
+}
+PATHS = ('stock', 'fast')
+COLLATE = {'stock': pseudo_collate, 'fast': packed_collate}
+
+
+class _Pool(Dataset):
+    """Hands out pre-built packed samples: the pipeline costs nothing."""
+
+    def __init__(self, samples: list) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return 10**6
+
+    def __getitem__(self, i: int):
+        return self.samples[i % len(self.samples)]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def data_path_times(path: str, samples: list, workers: int, batches: int,
+                    warmup: int, step: float,
+                    device: torch.device) -> List[float]:
+    """Main-process seconds per batch, next() to input on the device.
+
+    Args:
+        path (str): 'stock' or 'fast'.
+        samples (list): One batch worth of packed samples.
+        workers (int): DataLoader workers.
+        batches (int): Measured batches.
+        warmup (int): Batches before measuring.
+        step (float): Seconds of busy main-process work between batches.
+        device (torch.device): Where the batch goes.
+
+    Returns:
+        list[float]: One time per measured batch.
+    """
+    loader = DataLoader(
+        _Pool(samples), batch_size=len(samples), num_workers=workers,
+        collate_fn=COLLATE[path], pin_memory=device.type == 'cuda')
+    preprocessor = BaseDataPreprocessor().to(device)
+    times = []
+    it = iter(loader)
+    for i in range(warmup + batches):
+        _busy(step)
+        _sync(device)
+        start = time.perf_counter()
+        batch = next(it)
+        if path == 'fast':
+            pinned = device.type == 'cuda'
+            data = batch.to(device, non_blocking=pinned).unpack()
+        else:
+            data = preprocessor.cast_data(batch)
+        _sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+        del batch, data
+    del it
+    return times
+
+
+def collate_times(samples: list, n: int) -> Dict[str, float]:
+    """Median seconds of each collate function on one batch (in-process)."""
+    out = {}
+    for path in PATHS:
+        ts = []
+        for _ in range(n):
+            start = time.perf_counter()
+            COLLATE[path](samples)
+            ts.append(time.perf_counter() - start)
+        out[path] = statistics.median(ts)
+    return out
+
+
+def transfer_figures(samples: list) -> Dict[str, Dict[str, int]]:
+    """Copies and bytes per batch, stock and packed."""
+    copies, nbytes = stock_transfers(pseudo_collate(samples))
+    packed = packed_collate(samples)
+    return dict(stock=dict(copies=copies, bytes=nbytes),
+                fast=dict(copies=packed.num_copies, bytes=packed.nbytes))
+
+
+def config_iterations(iters: int, repeats: int) -> Dict[str, dict]:
+    """Seconds per training iteration of the small configs, both paths."""
+    from mmengine.config import Config
+
+    from fast_parallel.parity import parity_config, run_once
+    configs = {
+        'yolox': 'configs/yolox/yolox_tiny_fast_sample.py',
+        'pointpillars':
+        'configs/pointpillars/pointpillars_hv_secfpn_fast_sample.py',
+    }
+    out = {}
+    for kind, path in configs.items():
+        cfg = Config.fromfile(osp.join(ROOT, path))
+        cfg.log_level = 'WARNING'
+        times: Dict[str, List[float]] = {p: [] for p in PATHS}
+        batch = None
+        for r in range(repeats):
+            for p in PATHS:
+                run_cfg = parity_config(cfg, p, iters, False,
+                                        f'work_dirs/benchmark/{kind}', r,
+                                        deterministic=False)
+                record = run_once(run_cfg)
+                times[p] += record['iter_time'][2:]  # first ones warm up
+                batch = record['batch_size']
+        out[kind] = {
+            p: dict(s_per_iter=statistics.median(times[p]),
+                    samples_per_s=batch / statistics.median(times[p]))
+            for p in PATHS
+        }
+        out[kind]['ratio'] = out[kind]['fast']['s_per_iter'] / \
+            out[kind]['stock']['s_per_iter']
+    return out
+
+
+def gpu_section() -> dict:
+    """Pinned host-to-device bandwidth; scaling needs 2+ GPUs."""
+    if not torch.cuda.is_available():
+        return dict(run=False, reason='no CUDA device on this machine')
+    device = torch.device('cuda', 0)
+    host = torch.empty(256 * 2**20, dtype=torch.uint8).pin_memory()
+    host.to(device)
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(5):
+        host.to(device, non_blocking=True)
+    _sync(device)
+    bandwidth = 5 * host.numel() / (time.perf_counter() - start)
+    return dict(run=True, device=torch.cuda.get_device_name(0),
+                pinned_h2d_bytes_per_s=bandwidth,
+                gpus=torch.cuda.device_count())
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Parses the command line."""
+    parser = argparse.ArgumentParser(description='stock vs fast data path')
+    parser.add_argument('--shapes', nargs='+', default=list(SHAPES),
+                        choices=list(SHAPES))
+    parser.add_argument('--workers', nargs='+', type=int,
+                        default=[0, 1, 2, 4])
+    parser.add_argument('--batches', type=int, default=30)
+    parser.add_argument('--warmup', type=int, default=5)
+    parser.add_argument('--repeats', type=int, default=3)
+    parser.add_argument('--step-ms', type=float, default=80.0)
+    parser.add_argument('--configs', action='store_true',
+                        help='also time full iterations of the small configs')
+    parser.add_argument('--config-iters', type=int, default=10)
+    parser.add_argument('--quick', action='store_true',
+                        help='a few batches, workers 0 and 2, one repeat')
+    parser.add_argument('--device', default='auto',
+                        help="'auto' (cuda if available), 'cpu' or 'cuda'")
+    parser.add_argument('--json', help='write the results here')
+    parser.add_argument('--plot', help='write a bar chart (PNG) here')
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.workers, args.batches, args.warmup = [0, 2], 4, 1
+        args.repeats, args.step_ms, args.config_iters = 1, 20.0, 4
+    return args
+
+
+def main(argv=None) -> dict:
+    """Runs the measurements, prints tables, writes JSON / plot.
+
+    Returns:
+        dict: The results (what ``--json`` writes).
+    """
+    args = parse_args(argv)
+    device = torch.device(
+        ('cuda' if torch.cuda.is_available() else 'cpu')
+        if args.device == 'auto' else args.device)
+    results: dict = dict(
+        machine=dict(platform=platform.platform(),
+                     processor=platform.processor() or platform.machine(),
+                     cpus=torch.get_num_threads(), torch=torch.__version__,
+                     device=str(device)),
+        settings=dict(batches=args.batches, warmup=args.warmup,
+                      repeats=args.repeats, step_ms=args.step_ms,
+                      workers=args.workers),
+        data_path={}, collate={}, transfers={})
+    samples = {s: SHAPES[s]() for s in args.shapes}
+    runs = len(args.shapes) * len(args.workers) * args.repeats * 2
+    with tqdm(total=runs, desc='data path', file=sys.stderr) as bar:
+        for shape in args.shapes:
+            for workers in args.workers:
+                times: Dict[str, List[float]] = {p: [] for p in PATHS}
+                for _ in range(args.repeats):
+                    for path in PATHS:  # alternate stock and fast
+                        times[path] += data_path_times(
+                            path, samples[shape], workers, args.batches,
+                            args.warmup, args.step_ms / 1e3, device)
+                        bar.update()
+                med = {p: statistics.median(times[p]) for p in PATHS}
+                results['data_path'].setdefault(shape, {})[str(workers)] = \
+                    dict(stock_ms=med['stock'] * 1e3,
+                         fast_ms=med['fast'] * 1e3,
+                         ratio=med['fast'] / med['stock'],
+                         samples=len(times['fast']))
+    for shape in args.shapes:
+        col = collate_times(samples[shape], 10 if args.quick else 30)
+        results['collate'][shape] = dict(
+            stock_ms=col['stock'] * 1e3, fast_ms=col['fast'] * 1e3,
+            ratio=col['fast'] / col['stock'])
+        results['transfers'][shape] = transfer_figures(samples[shape])
+    if args.configs:
+        results['iterations'] = config_iterations(args.config_iters,
+                                                  args.repeats)
+    results['gpu'] = gpu_section()
+    print(format_report(results))
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(results, f, indent=1)
+    if args.plot:
+        plot(results, args.plot)
+    return results
+
+
+def format_report(results: dict) -> str:
+    """Markdown tables of the results."""
+    lines = ['## Main-process data path per batch (median)', '',
+             '| batch | workers | stock ms | fast ms | fast / stock |',
+             '| --- | ---: | ---: | ---: | ---: |']
+    for shape, by_workers in results['data_path'].items():
+        for workers, r in by_workers.items():
+            lines.append(f'| {shape} | {workers} | {r["stock_ms"]:.2f} | '
+                         f'{r["fast_ms"]:.2f} | {r["ratio"]:.2f} |')
+    lines += ['', '## Worker-side collate, copies and bytes per batch', '',
+              '| batch | collate stock ms | collate fast ms | copies stock |'
+              ' copies fast | bytes stock | bytes fast |',
+              '| --- | ---: | ---: | ---: | ---: | ---: | ---: |']
+    for shape, c in results['collate'].items():
+        t = results['transfers'][shape]
+        lines.append(f'| {shape} | {c["stock_ms"]:.2f} | {c["fast_ms"]:.2f} '
+                     f'| {t["stock"]["copies"]} | {t["fast"]["copies"]} | '
+                     f'{t["stock"]["bytes"]:,} | {t["fast"]["bytes"]:,} |')
+    if 'iterations' in results:
+        lines += ['', '## Full training iterations (small configs)', '',
+                  '| config | stock s/iter | fast s/iter | stock samples/s |'
+                  ' fast samples/s | fast / stock time |',
+                  '| --- | ---: | ---: | ---: | ---: | ---: |']
+        for kind, r in results['iterations'].items():
+            lines.append(
+                f'| {kind} | {r["stock"]["s_per_iter"]:.3f} | '
+                f'{r["fast"]["s_per_iter"]:.3f} | '
+                f'{r["stock"]["samples_per_s"]:.2f} | '
+                f'{r["fast"]["samples_per_s"]:.2f} | {r["ratio"]:.2f} |')
+    gpu = results['gpu']
+    lines += ['', '## GPU', '']
+    if gpu['run']:
+        lines.append(f'{gpu["device"]}: pinned host-to-device '
+                     f'{gpu["pinned_h2d_bytes_per_s"] / 1e9:.1f} GB/s, '
+                     f'{gpu["gpus"]} GPU(s)')
+    else:
+        lines.append(f'not run: {gpu["reason"]}')
+    return '\n'.join(lines)
+
+
+def plot(results: dict, path: str) -> None:
+    """A bar chart of the main-process data path per batch."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    labels, stock, fast = [], [], []
+    for shape, by_workers in results['data_path'].items():
+        for workers, r in by_workers.items():
+            labels.append(f'{shape}\n{workers} workers')
+            stock.append(r['stock_ms'])
+            fast.append(r['fast_ms'])
+    x = range(len(labels))
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(labels)), 4))
+    ax.bar([i - 0.2 for i in x], stock, 0.4, label='stock')
+    ax.bar([i + 0.2 for i in x], fast, 0.4, label='fast')
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylabel('ms per batch (median)')
+    ax.set_title('main-process data path: next() to input on device')
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == '__main__':
+    main()
