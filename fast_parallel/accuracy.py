@@ -18,7 +18,8 @@ class AccuracyParityHook(Hook):
     the final validation); after the final one — the end of training, or a
     standalone ``runner.val()`` — it also logs one line::
 
-        accuracy parity PASS: coco/bbox_mAP 0.4060 vs 0.4050 (tolerance 0.0050, mmdet model zoo)
+        accuracy parity PASS: coco/bbox_mAP 0.4060 vs 0.4050 (tolerance
+        0.0050), mmdet model zoo
 
     Args:
         expected (dict): Metric name (as the evaluator reports it) ->

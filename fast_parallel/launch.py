@@ -1,10 +1,12 @@
 """Shared set-up of the command-line tools (tools/*.py)."""
+import argparse
+import os
 import os.path as osp
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
-from mmengine.config import Config
+from mmengine.config import Config, DictAction
 
 from .config import disable, enable, is_enabled
 
@@ -58,3 +60,35 @@ def apply_common_args(cfg: Config, config_path: str,
         disable(cfg)
     init_cpu_distributed(cfg)
     return cfg
+
+
+def parse_common_args(parser: argparse.ArgumentParser,
+                      argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Adds the flags train.py and test.py share, then parses.
+
+    ``--fast`` / ``--no-fast``, ``--cfg-options``, ``--launcher`` and
+    ``--local_rank`` (which sets ``LOCAL_RANK`` when the launcher did not).
+
+    Args:
+        parser (ArgumentParser): The tool's parser with its own arguments.
+        argv (list[str], optional): The command line. Defaults to
+            ``sys.argv[1:]``.
+
+    Returns:
+        argparse.Namespace: The parsed arguments.
+    """
+    parser.add_argument(
+        '--fast', action=argparse.BooleanOptionalAction, default=None,
+        help='--fast: switch the fast data path on; --no-fast: off; '
+        'neither: as the config says')
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction,
+        help='override settings of the config, key=value')
+    parser.add_argument(
+        '--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args

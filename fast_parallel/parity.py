@@ -281,7 +281,8 @@ def format_table(rows: List[dict]) -> str:
         return '-' if value is None else str(value)
 
     width = max([len(r['what']) for r in rows] + [4])
-    lines = [f'| {"what".ljust(width)} | {"stock":>18} | {"fast":>18} | same |',
+    head = f'| {"what".ljust(width)} | {"stock":>18} | {"fast":>18} | same |'
+    lines = [head,
              f'| {"-" * width} | {"-" * 18}: | {"-" * 18}: | :--: |']
     for r in rows:
         mark = 'yes' if r['same'] else '**NO**'

@@ -13,7 +13,8 @@ from fast_parallel.synthetic import pointpillars_samples, yolox_samples
 SHAPES = {
     # 8 images 3x640x640 uint8, 0..100 boxes (one sample with none)
     'yolox': lambda seed: yolox_samples(
-        8, seed=seed, num_boxes=None if seed else [0, 100, 3, 57, 1, 0, 99, 12]),
+        8, seed=seed,
+        num_boxes=None if seed else [0, 100, 3, 57, 1, 0, 99, 12]),
     # 6 clouds of 15k..25k points x 4 float32, 0..40 LiDAR boxes
     'pointpillars': lambda seed: pointpillars_samples(
         6, seed=seed, num_boxes=None if seed else [0, 40, 7, 1, 0, 23]),

@@ -48,7 +48,8 @@ def test_every_dtype_one_buffer_each_aligned():
     assert set(packed.buffers) == set(ALL_DTYPES)
     assert packed.num_copies == len(ALL_DTYPES)
     for dtype, offset, *_ in packed.layout:
-        assert (offset * packed.buffers[dtype].element_size()) % ALIGN_BYTES == 0
+        itemsize = packed.buffers[dtype].element_size()
+        assert (offset * itemsize) % ALIGN_BYTES == 0
 
 
 def test_zero_size_noncontiguous_expanded_and_grad_leaves():
@@ -215,8 +216,9 @@ def elements(children):
             inst[name] = torch.rand(n, 4) if name == 'bboxes' else \
                 torch.arange(n)
         elem.gt_instances = inst
-        for name, value in draw(st.dictionaries(
-                st.sampled_from(['x', 'y', 'z']), children, max_size=2)).items():
+        fields = draw(st.dictionaries(
+            st.sampled_from(['x', 'y', 'z']), children, max_size=2))
+        for name, value in fields.items():
             elem.set_field(value, name)
         return elem
 

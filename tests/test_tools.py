@@ -17,7 +17,8 @@ def data_options(root):
     return [f'train_dataloader.dataset.dataset.data_root={coco}',
             f'val_dataloader.dataset.data_root={coco}',
             f'val_evaluator.ann_file={coco}annotations/instances_val2017.json',
-            f'test_evaluator.ann_file={coco}annotations/instances_val2017.json',
+            'test_evaluator.ann_file='
+            f'{coco}annotations/instances_val2017.json',
             'randomness.seed=0']
 
 

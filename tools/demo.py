@@ -31,7 +31,8 @@ from fast_parallel.synthetic import (pointpillars_samples,  # noqa: E402
 
 SMALL_CONFIGS = {
     'yolox': 'configs/yolox/yolox_tiny_fast_sample.py',
-    'pointpillars': 'configs/pointpillars/pointpillars_hv_secfpn_fast_sample.py',
+    'pointpillars':
+    'configs/pointpillars/pointpillars_hv_secfpn_fast_sample.py',
 }
 
 

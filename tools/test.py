@@ -10,19 +10,19 @@ predictions with mmengine's ``DumpResults``.
 """
 import argparse
 import json
-import os
 import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmengine.config import Config, DictAction  # noqa: E402
+from mmengine.config import Config  # noqa: E402
 from mmengine.dist import is_main_process  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 import fast_parallel  # noqa: E402,F401  (registers, allow-lists checkpoints)
-from fast_parallel.launch import apply_common_args  # noqa: E402
+from fast_parallel.launch import (apply_common_args,  # noqa: E402
+                                  parse_common_args)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -33,21 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--work-dir', help='the dir to save logs and results')
     parser.add_argument('--out', help='dump predictions to this pickle file')
     parser.add_argument('--json', help='write the metrics to this JSON file')
-    parser.add_argument(
-        '--fast', action=argparse.BooleanOptionalAction, default=None,
-        help='--fast: switch the fast data path on; --no-fast: off; '
-        'neither: as the config says')
-    parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction,
-        help='override settings of the config, key=value')
-    parser.add_argument(
-        '--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-        default='none', help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
-    return args
+    return parse_common_args(parser, argv)
 
 
 def main(argv=None) -> dict:

@@ -11,18 +11,18 @@ from a fast config). ``--resume`` without a path resumes from the latest
 checkpoint in the work dir.
 """
 import argparse
-import os
 import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmengine.config import Config, DictAction  # noqa: E402
+from mmengine.config import Config  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 import fast_parallel  # noqa: E402,F401  (registers, allow-lists checkpoints)
-from fast_parallel.launch import apply_common_args  # noqa: E402
+from fast_parallel.launch import (apply_common_args,  # noqa: E402
+                                  parse_common_args)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -39,21 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         '--resume', nargs='?', type=str, const='auto',
         help='resume from CHECKPOINT, or from the latest checkpoint in the '
         'work dir when no path is given')
-    parser.add_argument(
-        '--fast', action=argparse.BooleanOptionalAction, default=None,
-        help='--fast: switch the fast data path on; --no-fast: off; '
-        'neither: as the config says')
-    parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction,
-        help='override settings of the config, key=value')
-    parser.add_argument(
-        '--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-        default='none', help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
-    return args
+    return parse_common_args(parser, argv)
 
 
 def build_config(args: argparse.Namespace) -> Config:
