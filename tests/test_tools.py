@@ -16,6 +16,7 @@ def data_options(root):
     coco = f'{root}/coco/'
     return [f'train_dataloader.dataset.dataset.data_root={coco}',
             f'val_dataloader.dataset.data_root={coco}',
+            f'test_dataloader.dataset.data_root={coco}',
             f'val_evaluator.ann_file={coco}annotations/instances_val2017.json',
             'test_evaluator.ann_file='
             f'{coco}annotations/instances_val2017.json',
