@@ -7,29 +7,19 @@ from conftest import load_tool
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 from models import CONFIGS
+from runner_utils import data_options
 
 from fast_parallel import PackedBatch
 
 parity = load_tool('parity')
 
 
-def data_options(kind, root):
-    if kind == 'yolox':
-        coco = f'{root}/coco/'
-        return [f'train_dataloader.dataset.dataset.data_root={coco}',
-                f'val_dataloader.dataset.data_root={coco}',
-                f'val_evaluator.ann_file={coco}annotations/'
-                'instances_val2017.json']
-    kitti = f'{root}/kitti/'
-    return [f'train_dataloader.dataset.dataset.data_root={kitti}',
-            'train_dataloader.dataset.dataset.pipeline.2.db_sampler.'
-            f'data_root={kitti}',
-            'train_dataloader.dataset.dataset.pipeline.2.db_sampler.'
-            f'info_path={kitti}kitti_dbinfos_train.pkl',
-            f'val_dataloader.dataset.data_root={kitti}',
-            f'val_evaluator.ann_file={kitti}kitti_infos_val.pkl',
-            # numba JIT-compiles in each new process: stay in this one
-            'train_dataloader.num_workers=0', 'val_dataloader.num_workers=0']
+def parity_options(kind, root):
+    options = data_options(kind, root)
+    if kind == 'pointpillars':  # numba JIT-compiles in each new process
+        options += ['train_dataloader.num_workers=0',
+                    'val_dataloader.num_workers=0']
+    return options
 
 
 @pytest.mark.parametrize('kind', ['yolox', 'pointpillars'])
@@ -38,7 +28,7 @@ def test_parity_identical_with_eval(kind, sample_data, tmp_path, capsys):
     code = parity.main([
         CONFIGS[kind], '--iters', '2', '--eval', '--out', str(out),
         '--work-dir', str(tmp_path), '--cfg-options',
-        *data_options(kind, sample_data)
+        *parity_options(kind, sample_data)
     ])
     printed = capsys.readouterr().out
     assert code == 0, printed
@@ -67,7 +57,7 @@ def test_parity_catches_one_changed_value(sample_data, tmp_path, capsys):
     code = parity.main([
         CONFIGS['yolox'], '--iters', '1', '--work-dir', str(tmp_path),
         '--fast-hooks', 'PerturbOneValueHook', '--cfg-options',
-        *data_options('yolox', sample_data)
+        *parity_options('yolox', sample_data)
     ])
     printed = capsys.readouterr().out
     assert code == 1

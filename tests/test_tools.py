@@ -7,20 +7,14 @@ import sys
 
 import torch
 from models import CONFIGS, ROOT
+from runner_utils import data_options
 from test_distributed import free_port
 
 CONFIG = CONFIGS['yolox']
 
 
-def data_options(root):
-    coco = f'{root}/coco/'
-    return [f'train_dataloader.dataset.dataset.data_root={coco}',
-            f'val_dataloader.dataset.data_root={coco}',
-            f'test_dataloader.dataset.data_root={coco}',
-            f'val_evaluator.ann_file={coco}annotations/instances_val2017.json',
-            'test_evaluator.ann_file='
-            f'{coco}annotations/instances_val2017.json',
-            'randomness.seed=0']
+def options(root):
+    return data_options('yolox', root) + ['randomness.seed=0']
 
 
 def run_tool(args, timeout=600, env=None):
@@ -33,7 +27,7 @@ def run_tool(args, timeout=600, env=None):
 def train(work_dir, sample_data, *extra):
     return run_tool([sys.executable, 'tools/train.py', CONFIG, '--work-dir',
                      str(work_dir), *extra, '--cfg-options',
-                     *data_options(sample_data), 'train_cfg.val_interval=2'])
+                     *options(sample_data), 'train_cfg.val_interval=2'])
 
 
 def test_train_resume_and_test(sample_data, tmp_path):
@@ -54,7 +48,7 @@ def test_train_resume_and_test(sample_data, tmp_path):
                     str(work / 'epoch_2.pth'), '--no-fast', '--work-dir',
                     str(tmp_path / 'test'), '--json', str(metrics_file),
                     '--out', str(tmp_path / 'preds.pkl'), '--cfg-options',
-                    *data_options(sample_data)])
+                    *options(sample_data)])
     metrics = json.loads(metrics_file.read_text())
     assert 'coco/bbox_mAP' in metrics and 'coco/bbox_mAP' in out
     assert (tmp_path / 'preds.pkl').exists()
@@ -72,7 +66,7 @@ def test_train_fast_switch_on_a_stock_config(sample_data, tmp_path):
     work = tmp_path / 'work'
     run_tool([sys.executable, 'tools/train.py', str(stock_file), '--fast',
               '--work-dir', str(work), '--cfg-options',
-              *data_options(sample_data), 'train_cfg.max_epochs=1',
+              *options(sample_data), 'train_cfg.max_epochs=1',
               'train_cfg.val_interval=2'])
     log = open(glob.glob(str(work / '*' / '*.log'))[0]).read()
     assert 'FastParallelHook' in log and 'transfer_time' in log
@@ -82,7 +76,7 @@ def test_dist_train_two_gloo_processes(sample_data, tmp_path):
     env = dict(os.environ, PORT=str(free_port()), PYTHON=sys.executable,
                OMP_NUM_THREADS='1')
     out = run_tool(['bash', 'tools/dist_train.sh', CONFIG, '2', '--work-dir',
-                    str(tmp_path), '--cfg-options', *data_options(sample_data),
+                    str(tmp_path), '--cfg-options', *options(sample_data),
                     'train_cfg.max_epochs=1', 'train_cfg.val_interval=2'],
                    env=env)
     log = open(glob.glob(str(tmp_path / '*' / '*.log'))[0]).read()
