@@ -57,8 +57,8 @@ def mmengine_safe_globals() -> List[Any]:
     """
     from numpy.core import multiarray  # numpy 2: numpy._core, same names
     dtypes = {type(np.dtype(t)) for t in (
-        'bool', 'int8', 'uint8', 'int16', 'int32', 'int64', 'float16',
-        'float32', 'float64')}
+        'bool', 'int8', 'uint8', 'int16', 'uint16', 'int32', 'uint32',
+        'int64', 'uint64', 'float16', 'float32', 'float64')}
     return [
         HistoryBuffer,
         np.ndarray,

@@ -40,12 +40,14 @@ def test_message_hub_state_loads_with_weights_only():
     hub.update_info('iter', 3)
     state = dict(message_hub=hub.state_dict(), meta=dict(
         seed=np.int64(7), dtype=np.dtype('float32'),
-        arr=np.arange(3, dtype=np.float32)))
+        arr=np.arange(3, dtype=np.float32),
+        numpy_rng=np.random.RandomState(0).get_state()))
     loaded = torch.load(save(state), weights_only=True)
     buf = loaded['message_hub']['log_scalars']['train/loss']
     assert isinstance(buf, HistoryBuffer)
     assert buf.mean() == 2.0 and buf.current() == 2.5
     assert loaded['meta']['arr'].tolist() == [0.0, 1.0, 2.0]
+    assert loaded['meta']['numpy_rng'][1].dtype == np.uint32
 
 
 @pytest.mark.parametrize('payload', [RunsCode(), GetattrEscape()])
