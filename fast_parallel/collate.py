@@ -9,8 +9,10 @@ from .packing import PackedBatch, pack
 from .ring import DEFAULT_RING, SharedRing
 
 
-def _pack_in_ring(tree, ring: SharedRing) -> PackedBatch:
+def _pack_in_ring(tree, ring: Optional[SharedRing]) -> PackedBatch:
     """``pack`` into the worker's shared ring (fresh buffers elsewhere)."""
+    if ring is None:
+        return pack(tree)
     packed = pack(tree, allocate=ring.allocate)
     packed.ticket, ring.last = ring.last, None
     return packed
@@ -82,8 +84,6 @@ class PackedCollate:
 
     def __call__(self, data_batch: Sequence) -> PackedBatch:
         tree = self.inner(data_batch) if len(data_batch) else []
-        if self.ring is None:
-            return pack(tree)
         return _pack_in_ring(tree, self.ring)
 
     def __repr__(self) -> str:
