@@ -6,6 +6,7 @@ from .collate import PackedCollate, packed_collate
 from .config import disable, enable
 from .hooks import FastParallelHook
 from .packing import PackedBatch, PackingError, pack
+from .resume import ExactResumeHook
 from .wrappers import FastDataParallel, FastDistributedDataParallel
 
 __version__ = '0.1.0'
@@ -14,7 +15,7 @@ __version__ = '0.1.0'
 allow_mmengine_checkpoints()
 
 __all__ = [
-    'AccuracyParityHook', 'FastDataParallel', 'FastDistributedDataParallel',
+    'AccuracyParityHook', 'ExactResumeHook', 'FastDataParallel', 'FastDistributedDataParallel',
     'FastParallelHook', 'PackedBatch', 'PackedCollate', 'PackingError',
     'allow_mmengine_checkpoints', 'disable', 'enable', 'pack',
     'packed_collate', 'register_adapter', 'register_tensor_holder',

@@ -4,12 +4,16 @@ from typing import Optional, Sequence
 from mmengine.config import Config
 
 
+#: The hooks ``enable`` adds and ``disable`` removes.
+FAST_HOOKS = ('FastParallelHook', 'ExactResumeHook')
+
+
 def enable(cfg: Config,
            device_ids: Optional[Sequence[int]] = None) -> Config:
     """Switches a config to the fast data path, in place.
 
-    Adds ``fast_parallel`` to ``custom_imports`` and ``FastParallelHook`` to
-    ``custom_hooks`` (each once), and, for launchers other than ``none``,
+    Adds ``fast_parallel`` to ``custom_imports`` and ``FastParallelHook`` and
+    ``ExactResumeHook`` to ``custom_hooks`` (each once), and, for launchers other than ``none``,
     ``model_wrapper_cfg=dict(type='FastDistributedDataParallel')`` unless the
     config names a wrapper of its own. Nothing else changes: the model, its
     data_preprocessor, the pipelines and the schedules stay as they are.
@@ -38,6 +42,8 @@ def enable(cfg: Config,
         if device_ids:
             hook['device_ids'] = list(device_ids)
         hooks.append(hook)
+    if not any(_hook_type(h) == 'ExactResumeHook' for h in hooks):
+        hooks.append(dict(type='ExactResumeHook'))
     cfg.custom_hooks = hooks
 
     if cfg.get('launcher', 'none') != 'none' and not cfg.get(
@@ -71,7 +77,7 @@ def disable(cfg: Config) -> Config:
     """
     cfg.custom_hooks = [
         h for h in (cfg.get('custom_hooks', None) or [])
-        if _hook_type(h) != 'FastParallelHook'
+        if _hook_type(h) not in FAST_HOOKS
     ]
     wrapper = cfg.get('model_wrapper_cfg', None) or {}
     if wrapper.get('type') in ('FastDistributedDataParallel',

@@ -3,16 +3,34 @@
 from typing import Optional, Sequence, Union
 
 import torch
+from mmengine.dataset import InfiniteSampler
 from mmengine.hooks import Hook
 from mmengine.model import MMDistributedDataParallel, is_model_wrapper
 from mmengine.registry import HOOKS
 from mmengine.runner import BaseLoop
 
 from .collate import PackedCollate, is_packed_collate
+from .loader import make_fast
 from .wrappers import FastDataParallel, FastDistributedDataParallel
 from .wrappers.data_parallel import module_device
 
 FAST_WRAPPERS = (FastDataParallel, FastDistributedDataParallel)
+
+
+def _rewind_samplers(loader) -> None:
+    """Starts mmengine ``InfiniteSampler`` streams again from their seed.
+
+    An ``InfiniteSampler`` hands every iterator the same generator
+    (``self.indices``): the dropped iterator has already drawn indices from
+    it (its workers prefetch), and closing it would close the generator for
+    good, so the next iterator would start late and stop after one pass.
+    A fresh generator draws the order stock's first iterator draws.
+    """
+    for sampler in (getattr(loader, 'sampler', None),
+                    getattr(getattr(loader, 'batch_sampler', None),
+                            'sampler', None)):
+        if isinstance(sampler, InfiniteSampler):
+            sampler.indices = sampler._indices_of_rank()
 
 
 def _restart_iterators(loop: BaseLoop, loader) -> None:
@@ -30,6 +48,7 @@ def _restart_iterators(loop: BaseLoop, loader) -> None:
     if old is not None:
         old._shutdown_workers()
         loader._iterator = None
+    _rewind_samplers(loader)
     infinite = getattr(loop, 'dataloader_iterator', None)
     if infinite is not None and getattr(infinite, '_iterator', None) \
             is not None:
@@ -61,7 +80,9 @@ class FastParallelHook(Hook):
       ``FastDistributedDataParallel`` in place of the Runner's
       ``MMDistributedDataParallel`` (launcher ``pytorch`` & co.);
     - wraps each built loop's DataLoader ``collate_fn`` in
-      :class:`~fast_parallel.PackedCollate`;
+      :class:`~fast_parallel.PackedCollate` and makes the DataLoader a
+      :class:`~fast_parallel.loader.FastDataLoader` (no per-batch profiler
+      scope while no profiler runs);
     - turns ``pin_memory`` on where the model is on a GPU.
 
     A model under any other wrapper is left alone, with a warning, and so
@@ -114,6 +135,7 @@ class FastParallelHook(Hook):
             changed = not is_packed_collate(loader.collate_fn)
             if changed:
                 loader.collate_fn = PackedCollate(loader.collate_fn)
+            changed = make_fast(loader) or changed
             if pin and torch.cuda.is_available() and not loader.pin_memory:
                 loader.pin_memory = changed = True
             if changed:

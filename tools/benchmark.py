@@ -3,6 +3,7 @@
 Usage:
     python tools/benchmark.py [--shapes yolox pointpillars] [--workers 0 1 2 4]
         [--batches 30] [--warmup 5] [--repeats 3] [--step-ms 80]
+        [--step-kind torch|python]
         [--configs] [--config-iters 10] [--quick]
         [--json OUT.json] [--plot OUT.png]
 
@@ -11,10 +12,13 @@ measurement, device sync around the timers, medians and ratios:
 
 * data path: main-process time per batch from asking the DataLoader for the
   next batch until the data_preprocessor's input is on the device (stock:
-  ``pseudo_collate`` + ``cast_data``; fast: ``packed_collate`` +
-  ``PackedBatch.to(...).unpack()``), for each ``--workers``. Between batches
-  the main process computes for ``--step-ms`` (a busy loop standing in for
-  the model), so the workers fill the queue as in training;
+  ``DataLoader`` + ``pseudo_collate`` + ``cast_data``; fast:
+  ``FastDataLoader`` + ``packed_collate`` + ``PackedBatch.to(...).unpack()``,
+  what FastParallelHook installs), for each ``--workers``. Between batches
+  the main process computes for ``--step-ms``, standing in for the model's
+  step so the workers fill the queue as in training: torch matrix products
+  (``--step-kind torch``, the default, like a model's forward/backward) or a
+  pure-Python spin loop (``--step-kind python``);
 * worker-side collate time per batch (``pseudo_collate`` vs
   ``packed_collate``, in this process);
 * copies to the device and bytes per batch;
@@ -48,6 +52,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from fast_parallel import packed_collate  # noqa: E402
+from fast_parallel.loader import FastDataLoader  # noqa: E402
 from fast_parallel.packing import stock_transfers  # noqa: E402
 from fast_parallel.synthetic import (pointpillars_samples,  # noqa: E402
                                      yolox_samples)
@@ -58,6 +63,9 @@ SHAPES: Dict[str, Callable[[], list]] = {
 }
 PATHS = ('stock', 'fast')
 COLLATE = {'stock': pseudo_collate, 'fast': packed_collate}
+#: The DataLoader class of each path (FastParallelHook switches to the fast
+#: one).
+LOADER = {'stock': DataLoader, 'fast': FastDataLoader}
 
 
 class _Pool(Dataset):
@@ -79,14 +87,31 @@ def _sync(device: torch.device) -> None:
 
 
 def _busy(seconds: float) -> None:
+    """Pure-Python spin for ``seconds``."""
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
 
 
+_STEP_INPUT = torch.randn(256, 256)
+
+
+def _torch_step(seconds: float) -> None:
+    """Torch matrix products for ``seconds`` (what a model step runs)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        torch.mm(_STEP_INPUT, _STEP_INPUT)
+
+
+STEPS: Dict[str, Callable[[float], None]] = {
+    'torch': _torch_step,
+    'python': _busy,
+}
+
+
 def data_path_times(path: str, samples: list, workers: int, batches: int,
-                    warmup: int, step: float,
-                    device: torch.device) -> List[float]:
+                    warmup: int, step: float, device: torch.device,
+                    step_kind: str = 'torch') -> List[float]:
     """Main-process seconds per batch, next() to input on the device.
 
     Args:
@@ -95,20 +120,23 @@ def data_path_times(path: str, samples: list, workers: int, batches: int,
         workers (int): DataLoader workers.
         batches (int): Measured batches.
         warmup (int): Batches before measuring.
-        step (float): Seconds of busy main-process work between batches.
+        step (float): Seconds of main-process work between batches.
         device (torch.device): Where the batch goes.
+        step_kind (str): 'torch' or 'python': what that work is (STEPS).
+            Defaults to 'torch'.
 
     Returns:
         list[float]: One time per measured batch.
     """
-    loader = DataLoader(
+    loader = LOADER[path](
         _Pool(samples), batch_size=len(samples), num_workers=workers,
         collate_fn=COLLATE[path], pin_memory=device.type == 'cuda')
     preprocessor = BaseDataPreprocessor().to(device)
     times = []
     it = iter(loader)
+    work = STEPS[step_kind]
     for i in range(warmup + batches):
-        _busy(step)
+        work(step)
         _sync(device)
         start = time.perf_counter()
         batch = next(it)
@@ -161,6 +189,7 @@ def config_iterations(iters: int, repeats: int) -> Dict[str, dict]:
         cfg = Config.fromfile(osp.join(ROOT, path))
         cfg.log_level = 'WARNING'
         times: Dict[str, List[float]] = {p: [] for p in PATHS}
+        per_repeat: Dict[str, List[float]] = {p: [] for p in PATHS}
         batch = None
         for r in range(repeats):
             for p in PATHS:
@@ -168,11 +197,14 @@ def config_iterations(iters: int, repeats: int) -> Dict[str, dict]:
                                         f'work_dirs/benchmark/{kind}', r,
                                         deterministic=False)
                 record = run_once(run_cfg)
-                times[p] += record['iter_time'][2:]  # first ones warm up
+                measured = record['iter_time'][2:]  # first ones warm up
+                times[p] += measured
+                per_repeat[p].append(statistics.median(measured))
                 batch = record['batch_size']
         out[kind] = {
             p: dict(s_per_iter=statistics.median(times[p]),
-                    samples_per_s=batch / statistics.median(times[p]))
+                    samples_per_s=batch / statistics.median(times[p]),
+                    per_repeat=per_repeat[p])
             for p in PATHS
         }
         out[kind]['ratio'] = out[kind]['fast']['s_per_iter'] / \
@@ -209,6 +241,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--warmup', type=int, default=5)
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--step-ms', type=float, default=80.0)
+    parser.add_argument('--step-kind', choices=list(STEPS), default='torch',
+                        help='main-process work between batches')
     parser.add_argument('--configs', action='store_true',
                         help='also time full iterations of the small configs')
     parser.add_argument('--config-iters', type=int, default=10)
@@ -242,7 +276,7 @@ def main(argv=None) -> dict:
                      device=str(device)),
         settings=dict(batches=args.batches, warmup=args.warmup,
                       repeats=args.repeats, step_ms=args.step_ms,
-                      workers=args.workers),
+                      step_kind=args.step_kind, workers=args.workers),
         data_path={}, collate={}, transfers={})
     samples = {s: SHAPES[s]() for s in args.shapes}
     runs = len(args.shapes) * len(args.workers) * args.repeats * 2
@@ -254,7 +288,8 @@ def main(argv=None) -> dict:
                     for path in PATHS:  # alternate stock and fast
                         times[path] += data_path_times(
                             path, samples[shape], workers, args.batches,
-                            args.warmup, args.step_ms / 1e3, device)
+                            args.warmup, args.step_ms / 1e3, device,
+                            args.step_kind)
                         bar.update()
                 med = {p: statistics.median(times[p]) for p in PATHS}
                 results['data_path'].setdefault(shape, {})[str(workers)] = \
@@ -302,14 +337,19 @@ def format_report(results: dict) -> str:
     if 'iterations' in results:
         lines += ['', '## Full training iterations (small configs)', '',
                   '| config | stock s/iter | fast s/iter | stock samples/s |'
-                  ' fast samples/s | fast / stock time |',
-                  '| --- | ---: | ---: | ---: | ---: | ---: |']
+                  ' fast samples/s | fast / stock time | per-repeat stock |'
+                  ' per-repeat fast |',
+                  '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |']
         for kind, r in results['iterations'].items():
+            spread = {p: ', '.join(f'{t:.3f}' for t in
+                                   r[p].get('per_repeat', []))
+                      for p in PATHS}
             lines.append(
                 f'| {kind} | {r["stock"]["s_per_iter"]:.3f} | '
                 f'{r["fast"]["s_per_iter"]:.3f} | '
                 f'{r["stock"]["samples_per_s"]:.2f} | '
-                f'{r["fast"]["samples_per_s"]:.2f} | {r["ratio"]:.2f} |')
+                f'{r["fast"]["samples_per_s"]:.2f} | {r["ratio"]:.2f} | '
+                f'{spread["stock"]} | {spread["fast"]} |')
     gpu = results['gpu']
     lines += ['', '## GPU', '']
     if gpu['run']:

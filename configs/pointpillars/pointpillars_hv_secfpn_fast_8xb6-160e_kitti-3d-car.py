@@ -27,6 +27,7 @@ test_evaluator = val_evaluator
 custom_hooks = [
     *_base_.get('custom_hooks', []),
     dict(type='FastParallelHook'),
+    dict(type='ExactResumeHook'),
     dict(
         type='AccuracyParityHook',
         # mmdet3d 1.x model zoo, configs/pointpillars/metafile.yml: AP 77.6

@@ -11,7 +11,7 @@ custom_imports = dict(
         'fast_parallel.mmdet3d_compat'
     ],
     allow_failed_imports=False)
-custom_hooks = [dict(type='FastParallelHook')]
+custom_hooks = [dict(type='FastParallelHook'), dict(type='ExactResumeHook')]
 
 data_root = 'data/sample/kitti/'
 class_names = ['Car']

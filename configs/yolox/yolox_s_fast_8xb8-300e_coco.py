@@ -7,6 +7,7 @@ custom_imports = dict(imports=['fast_parallel'], allow_failed_imports=False)
 custom_hooks = [
     *_base_.custom_hooks,
     dict(type='FastParallelHook'),
+    dict(type='ExactResumeHook'),
     dict(
         type='AccuracyParityHook',
         # mmdet 3.x model zoo, configs/yolox/metafile.yml: box AP 40.5

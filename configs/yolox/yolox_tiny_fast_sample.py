@@ -112,4 +112,5 @@ custom_hooks = [
         update_buffers=True,
         priority=49),
     dict(type='FastParallelHook'),
+    dict(type='ExactResumeHook'),
 ]
