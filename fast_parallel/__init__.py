@@ -15,8 +15,9 @@ __version__ = '0.1.0'
 allow_mmengine_checkpoints()
 
 __all__ = [
-    'AccuracyParityHook', 'ExactResumeHook', 'FastDataParallel', 'FastDistributedDataParallel',
-    'FastParallelHook', 'PackedBatch', 'PackedCollate', 'PackingError',
+    'AccuracyParityHook', 'ExactResumeHook', 'FastDataParallel',
+    'FastDistributedDataParallel', 'FastParallelHook', 'PackedBatch',
+    'PackedCollate', 'PackingError',
     'allow_mmengine_checkpoints', 'disable', 'enable', 'pack',
     'packed_collate', 'register_adapter', 'register_tensor_holder',
     '__version__'

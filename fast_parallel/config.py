@@ -13,9 +13,10 @@ def enable(cfg: Config,
     """Switches a config to the fast data path, in place.
 
     Adds ``fast_parallel`` to ``custom_imports`` and ``FastParallelHook`` and
-    ``ExactResumeHook`` to ``custom_hooks`` (each once), and, for launchers other than ``none``,
-    ``model_wrapper_cfg=dict(type='FastDistributedDataParallel')`` unless the
-    config names a wrapper of its own. Nothing else changes: the model, its
+    ``ExactResumeHook`` to ``custom_hooks`` (each once), and, for launchers
+    other than ``none``,
+    ``model_wrapper_cfg=dict(type='FastDistributedDataParallel')`` unless
+    the config names a wrapper of its own. Nothing else changes: the model, its
     data_preprocessor, the pipelines and the schedules stay as they are.
 
     Args:

@@ -15,6 +15,7 @@ def test_quick_mode_writes_complete_json(tmp_path):
     results = json.loads(out.read_text())
     assert set(results) >= {'machine', 'settings', 'data_path', 'collate',
                             'transfers', 'gpu'}
+    assert results['settings']['step_kind'] == 'torch'
     for shape in ('yolox', 'pointpillars'):
         by_workers = results['data_path'][shape]
         assert set(by_workers) == {'0', '2'}

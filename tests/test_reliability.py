@@ -6,7 +6,6 @@ and the numbers that do arrive must be the ones stock delivers.
 import copy
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -19,7 +18,6 @@ from mmengine.config import Config
 from mmengine.dataset import pseudo_collate
 from mmengine.model import BaseDataPreprocessor
 from models import CONFIGS, ROOT
-from runner_utils import data_options
 from test_distributed import free_port
 from torch.utils.data import Dataset
 

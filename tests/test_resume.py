@@ -90,3 +90,16 @@ def test_sigkill_then_resume_ends_with_identical_weights(sample_data,
     whole, resumed = run_pair(sample_data, tmp_path, exact=True)
     assert len(whole) > 400
     assert differing(whole, resumed) == []
+
+
+def test_enable_adds_the_hook_once_and_disable_removes_it():
+    from mmengine.config import Config
+
+    import fast_parallel
+    cfg = fast_parallel.disable(Config.fromfile(CONFIGS['yolox']))
+    kinds = [h['type'] for h in cfg.custom_hooks]
+    assert 'ExactResumeHook' not in kinds and 'EMAHook' in kinds
+    fast_parallel.enable(fast_parallel.enable(cfg))
+    kinds = [h['type'] for h in cfg.custom_hooks]
+    assert kinds.count('ExactResumeHook') == 1
+    assert kinds.count('FastParallelHook') == 1
