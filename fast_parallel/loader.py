@@ -4,7 +4,7 @@ Every ``next()`` on a torch DataLoader iterator opens and closes a
 ``torch.autograd.profiler.record_function`` scope, two dispatcher calls
 that only matter while a profiler records. Measured on this project's CPU
 machine (``tools/benchmark.py``, a model step between batches), they are
-about 1.8 ms of the main process's ~5 ms per-batch DataLoader cost, more
+1.2-1.8 ms of the main process's ~5 ms per-batch DataLoader cost, more
 than everything the packed batch itself costs there. The iterators here do
 exactly what torch's do, minus that scope while no profiler is running;
 with a profiler on they are torch's own ``__next__``.
