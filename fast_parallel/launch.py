@@ -62,6 +62,42 @@ def apply_common_args(cfg: Config, config_path: str,
     return cfg
 
 
+def load_config(args: argparse.Namespace) -> Config:
+    """The config of ``args.config`` with the shared switches applied.
+
+    ``--cfg-options`` merged, then :func:`apply_common_args` (work dir,
+    launcher, fast path).
+
+    Args:
+        args (argparse.Namespace): From :func:`parse_common_args`; needs
+            ``config``, ``cfg_options``, ``work_dir``, ``launcher``, ``fast``.
+
+    Returns:
+        Config: The config.
+    """
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    return apply_common_args(cfg, args.config, args.work_dir, args.launcher,
+                             args.fast)
+
+
+def build_runner(cfg: Config):
+    """The Runner, as mmdet's tools build it (``runner_type`` honoured).
+
+    Args:
+        cfg (Config): The config.
+
+    Returns:
+        Runner: The runner.
+    """
+    from mmengine.registry import RUNNERS
+    from mmengine.runner import Runner
+    if 'runner_type' not in cfg:
+        return Runner.from_cfg(cfg)
+    return RUNNERS.build(cfg)
+
+
 def parse_common_args(parser: argparse.ArgumentParser,
                       argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Adds the flags train.py and test.py share, then parses.

@@ -15,13 +15,10 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmengine.config import Config  # noqa: E402
 from mmengine.dist import is_main_process  # noqa: E402
-from mmengine.registry import RUNNERS  # noqa: E402
-from mmengine.runner import Runner  # noqa: E402
 
 import fast_parallel  # noqa: E402,F401  (registers, allow-lists checkpoints)
-from fast_parallel.launch import (apply_common_args,  # noqa: E402
+from fast_parallel.launch import (build_runner, load_config,  # noqa: E402
                                   parse_common_args)
 
 
@@ -43,11 +40,7 @@ def main(argv=None) -> dict:
         dict: The metrics.
     """
     args = parse_args(argv)
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
-    apply_common_args(cfg, args.config, args.work_dir, args.launcher,
-                      args.fast)
+    cfg = load_config(args)
     cfg.load_from = args.checkpoint
     if args.out is not None:
         if not args.out.endswith(('.pkl', '.pickle')):
@@ -57,9 +50,7 @@ def main(argv=None) -> dict:
             evaluators = [evaluators]
         cfg.test_evaluator = list(evaluators) + [
             dict(type='DumpResults', out_file_path=args.out)]
-    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else \
-        RUNNERS.build(cfg)
-    metrics = runner.test()
+    metrics = build_runner(cfg).test()
     if is_main_process():
         printable = {k: float(v) if isinstance(v, (int, float)) else str(v)
                      for k, v in metrics.items()}

@@ -17,11 +17,9 @@ import sys
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mmengine.config import Config  # noqa: E402
-from mmengine.registry import RUNNERS  # noqa: E402
-from mmengine.runner import Runner  # noqa: E402
 
 import fast_parallel  # noqa: E402,F401  (registers, allow-lists checkpoints)
-from fast_parallel.launch import (apply_common_args,  # noqa: E402
+from fast_parallel.launch import (build_runner, load_config,  # noqa: E402
                                   parse_common_args)
 
 
@@ -44,11 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace) -> Config:
     """The config with every command-line switch applied."""
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
-    apply_common_args(cfg, args.config, args.work_dir, args.launcher,
-                      args.fast)
+    cfg = load_config(args)
     if args.amp:
         optim_wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
         if optim_wrapper != 'AmpOptimWrapper':
@@ -72,9 +66,7 @@ def build_config(args: argparse.Namespace) -> Config:
 def main(argv=None) -> None:
     """Builds the Runner from the config and trains."""
     cfg = build_config(parse_args(argv))
-    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else \
-        RUNNERS.build(cfg)
-    runner.train()
+    build_runner(cfg).train()
 
 
 if __name__ == '__main__':
