@@ -1,4 +1,5 @@
 """Running the sample configs through mmengine's real Runner in tests."""
+import os
 import uuid
 from pathlib import Path
 from typing import Any, Dict, List
@@ -7,6 +8,9 @@ from mmengine.config import Config
 from mmengine.runner import Runner
 
 import fast_parallel
+
+#: The tests folder: on PYTHONPATH, subprocess configs import crash_hook.
+TESTS = str(Path(__file__).resolve().parent)
 
 
 def sample_config(path: str, data: Path, work_dir: Path, fast: bool,
@@ -69,3 +73,39 @@ def loss_history(runner: Runner) -> Dict[str, List[float]]:
         if key.startswith('train/loss') or key == 'train/grad_norm':
             out[key] = buf.data[0].tolist()
     return out
+
+
+def with_fault_hook(cfg: Config, hook: str, path: Path) -> Path:
+    """Writes ``cfg`` plus one hook of ``crash_hook.py`` for the tools.
+
+    Args:
+        cfg (Config): The config.
+        hook (str): A hook type defined in ``tests/crash_hook.py``.
+        path (Path): Where to write the config.
+
+    Returns:
+        Path: ``path``; run it with :func:`fault_env`.
+    """
+    cfg.custom_imports['imports'] = list(cfg.custom_imports['imports']) + [
+        'crash_hook'
+    ]
+    cfg.custom_hooks = list(cfg.custom_hooks) + [dict(type=hook)]
+    cfg.dump(str(path))
+    return path
+
+
+def fault_env(**variables: str) -> Dict[str, str]:
+    """This process's environment with ``crash_hook`` importable.
+
+    Args:
+        **variables: Set on top (e.g. ``FP_KILL_AT_ITER='6'``); the fault
+            variables not given are removed.
+
+    Returns:
+        dict: The environment for a tool's subprocess.
+    """
+    env = {k: v for k, v in os.environ.items()
+           if k not in ('FP_KILL_AT_ITER', 'FP_RAISE_AT_ITER',
+                        'FP_RAISE_RANK')}
+    env.update(variables, PYTHONPATH=TESTS)
+    return env

@@ -18,14 +18,13 @@ from mmengine.config import Config
 from mmengine.dataset import pseudo_collate
 from mmengine.model import BaseDataPreprocessor
 from models import CONFIGS, ROOT
+from runner_utils import fault_env, sample_config, with_fault_hook
 from test_distributed import free_port
 from torch.utils.data import Dataset
 
 from fast_parallel import PackedCollate, packed_collate
 from fast_parallel.loader import FastDataLoader
 from fast_parallel.synthetic import pointpillars_samples, yolox_samples
-
-TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 def coco_val_dataset(root):
@@ -159,20 +158,13 @@ def test_memory_stays_bounded_over_1000_packed_batches():
 
 def test_failing_rank_stops_the_other_within_bounded_time(sample_data,
                                                           tmp_path):
-    from runner_utils import sample_config
     cfg = sample_config(CONFIGS['yolox'], sample_data, tmp_path, fast=True,
                         train_cfg=dict(max_epochs=1, val_interval=10))
-    cfg.custom_imports['imports'] = list(cfg.custom_imports['imports']) + [
-        'crash_hook'
-    ]
-    cfg.custom_hooks = list(cfg.custom_hooks) + [
-        dict(type='RaiseAtIterHook')
-    ]
-    config = tmp_path / 'failing_rank.py'
-    cfg.dump(str(config))
-    env = dict(os.environ, PORT=str(free_port()), PYTHON=sys.executable,
-               OMP_NUM_THREADS='1', PYTHONPATH=TESTS, FP_RAISE_AT_ITER='1',
-               FP_RAISE_RANK='1')
+    config = with_fault_hook(cfg, 'RaiseAtIterHook',
+                             tmp_path / 'failing_rank.py')
+    env = fault_env(PORT=str(free_port()), PYTHON=sys.executable,
+                    OMP_NUM_THREADS='1', FP_RAISE_AT_ITER='1',
+                    FP_RAISE_RANK='1')
     start = time.monotonic()
     done = subprocess.run(['bash', 'tools/dist_train.sh', str(config), '2',
                            '--work-dir', str(tmp_path / 'work')],

@@ -8,26 +8,17 @@ other is killed with SIGKILL when iteration 6 starts and is continued with
 ``tools/train.py --resume``. Both must end with the same bytes in every
 parameter, buffer, EMA tensor and optimizer state.
 """
-import os
 import signal
 import subprocess
 import sys
 
 import torch
 from models import CONFIGS, ROOT
-from runner_utils import sample_config
-
-TESTS = os.path.dirname(os.path.abspath(__file__))
+from runner_utils import fault_env, sample_config, with_fault_hook
 
 
-def resume_config(sample_data, tmp_path, exact=True):
+def resume_config(sample_data, tmp_path):
     cfg = sample_config(CONFIGS['yolox'], sample_data, tmp_path, fast=True)
-    cfg.custom_imports['imports'] = list(cfg.custom_imports['imports']) + [
-        'crash_hook'
-    ]
-    cfg.custom_hooks = [h for h in cfg.custom_hooks
-                        if exact or h['type'] != 'ExactResumeHook']
-    cfg.custom_hooks.append(dict(type='CrashAtIterHook'))
     cfg.train_dataloader.sampler = dict(type='InfiniteSampler', shuffle=True)
     cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=8,
                          val_interval=4)
@@ -35,16 +26,13 @@ def resume_config(sample_data, tmp_path, exact=True):
                                         interval=4, max_keep_ckpts=3)
     cfg.log_processor = dict(by_epoch=False, window_size=1)
     cfg.randomness = dict(seed=0, deterministic=True)
-    path = tmp_path / 'resume_config.py'
-    cfg.dump(str(path))
-    return path
+    return with_fault_hook(cfg, 'CrashAtIterHook',
+                           tmp_path / 'resume_config.py')
 
 
 def train(config, work_dir, *extra, kill_at=None):
-    env = dict(os.environ, PYTHONPATH=TESTS)
-    env.pop('FP_KILL_AT_ITER', None)
-    if kill_at is not None:
-        env['FP_KILL_AT_ITER'] = str(kill_at)
+    env = fault_env() if kill_at is None else \
+        fault_env(FP_KILL_AT_ITER=str(kill_at))
     return subprocess.run(
         [sys.executable, 'tools/train.py', str(config), '--work-dir',
          str(work_dir), *extra], cwd=ROOT, env=env, capture_output=True,
@@ -70,8 +58,8 @@ def differing(a, b):
                                b[k].view(-1).view(torch.uint8))]
 
 
-def run_pair(sample_data, tmp_path, exact):
-    config = resume_config(sample_data, tmp_path, exact)
+def run_pair(sample_data, tmp_path):
+    config = resume_config(sample_data, tmp_path)
     whole, crashed = tmp_path / 'whole', tmp_path / 'crashed'
     done = train(config, whole)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -87,7 +75,7 @@ def run_pair(sample_data, tmp_path, exact):
 
 def test_sigkill_then_resume_ends_with_identical_weights(sample_data,
                                                          tmp_path):
-    whole, resumed = run_pair(sample_data, tmp_path, exact=True)
+    whole, resumed = run_pair(sample_data, tmp_path)
     assert len(whole) > 400
     assert differing(whole, resumed) == []
 
