@@ -13,11 +13,14 @@ def enable(cfg: Config,
     """Switches a config to the fast data path, in place.
 
     Adds ``fast_parallel`` to ``custom_imports`` and ``FastParallelHook`` and
-    ``ExactResumeHook`` to ``custom_hooks`` (each once), and, for launchers
-    other than ``none``,
-    ``model_wrapper_cfg=dict(type='FastDistributedDataParallel')`` unless
-    the config names a wrapper of its own. Nothing else changes: the model, its
-    data_preprocessor, the pipelines and the schedules stay as they are.
+    ``ExactResumeHook`` to ``custom_hooks`` (each once). Nothing else
+    changes: the model, its data_preprocessor, the pipelines, the schedules
+    and ``model_wrapper_cfg`` stay as they are. Under a launcher the Runner
+    builds the very wrapper it builds for stock (``MMDistributedDataParallel``
+    with ``broadcast_buffers=False`` and the config's
+    ``find_unused_parameters``, or the config's own ``model_wrapper_cfg``),
+    and :class:`~fast_parallel.FastParallelHook` turns that instance into a
+    ``FastDistributedDataParallel`` in place, every setting kept.
 
     Args:
         cfg (Config): An mmdet / mmdet3d config.
@@ -46,10 +49,6 @@ def enable(cfg: Config,
     if not any(_hook_type(h) == 'ExactResumeHook' for h in hooks):
         hooks.append(dict(type='ExactResumeHook'))
     cfg.custom_hooks = hooks
-
-    if cfg.get('launcher', 'none') != 'none' and not cfg.get(
-            'model_wrapper_cfg', None):
-        cfg.model_wrapper_cfg = dict(type='FastDistributedDataParallel')
     return cfg
 
 
@@ -70,6 +69,12 @@ def is_enabled(cfg: Config) -> bool:
 def disable(cfg: Config) -> Config:
     """Removes what :func:`enable` (or a fast config) adds, in place.
 
+    The fast hooks go. A ``model_wrapper_cfg`` naming
+    ``FastDistributedDataParallel`` names its stock parent
+    ``MMDistributedDataParallel`` instead, every other key kept, so the stock
+    run gets the wrapper settings the fast one had; one naming
+    ``FastDataParallel`` (which has no stock counterpart) is removed.
+
     Args:
         cfg (Config): A config.
 
@@ -81,12 +86,19 @@ def disable(cfg: Config) -> Config:
         if _hook_type(h) not in FAST_HOOKS
     ]
     wrapper = cfg.get('model_wrapper_cfg', None) or {}
-    if wrapper.get('type') in ('FastDistributedDataParallel',
-                               'FastDataParallel'):
+    kind = _type_name(wrapper.get('type'))
+    if kind == 'FastDistributedDataParallel':
+        wrapper['type'] = 'MMDistributedDataParallel'
+    elif kind == 'FastDataParallel':
         cfg.model_wrapper_cfg = None
     return cfg
 
 
 def _hook_type(hook) -> str:
-    kind = hook.get('type') if isinstance(hook, dict) else type(hook)
+    return _type_name(hook.get('type') if isinstance(hook, dict) else
+                      type(hook))
+
+
+def _type_name(kind) -> str:
+    """The registry name of a config ``type``: a string, or a class."""
     return kind if isinstance(kind, str) else getattr(kind, '__name__', '')

@@ -1,66 +1,38 @@
 """``FastParallelHook``: the one-line opt-in for any mmdet / mmdet3d config.
 """
+from functools import partial
 from typing import Optional, Sequence, Union
 
 import torch
-from mmengine.dataset import InfiniteSampler
 from mmengine.hooks import Hook
 from mmengine.model import MMDistributedDataParallel, is_model_wrapper
 from mmengine.registry import HOOKS
 from mmengine.runner import BaseLoop
+from torch.utils.data import DataLoader
 
 from .collate import PackedCollate, is_packed_collate
 from .loader import make_fast
+from .restart import (LOADER_CONFIGS, rebuild_started, sampler_names,
+                      started_iterators)
 from .wrappers import FastDataParallel, FastDistributedDataParallel
 from .wrappers.data_parallel import module_device
 
 FAST_WRAPPERS = (FastDataParallel, FastDistributedDataParallel)
 
 
-def _rewind_samplers(loader) -> None:
-    """Starts mmengine ``InfiniteSampler`` streams again from their seed.
+def prepare_loader(loader: DataLoader, pin: bool) -> None:
+    """Puts the fast data path into a DataLoader whose iterator has not
+    started: packed collate, :class:`FastDataLoader`, pinned memory.
 
-    An ``InfiniteSampler`` hands every iterator the same generator
-    (``self.indices``): the dropped iterator has already drawn indices from
-    it (its workers prefetch), and closing it would close the generator for
-    good, so the next iterator would start late and stop after one pass.
-    A fresh generator draws the order stock's first iterator draws.
+    Args:
+        loader (DataLoader): The DataLoader, changed in place.
+        pin (bool): Turn ``pin_memory`` on (only where CUDA is available).
     """
-    for sampler in (getattr(loader, 'sampler', None),
-                    getattr(getattr(loader, 'batch_sampler', None),
-                            'sampler', None)):
-        if isinstance(sampler, InfiniteSampler):
-            sampler.indices = sampler._indices_of_rank()
-
-
-def _restart_iterators(loop: BaseLoop, loader) -> None:
-    """Drops iterators that were started before the collate_fn changed.
-
-    Workers receive the collate function when they start. A persistent
-    DataLoader keeps its workers in ``loader._iterator``, and
-    ``IterBasedTrainLoop`` starts its iterator when the loop is built,
-    before any hook runs: both would keep collating the old way. The new
-    iterator draws the same sampler order and seeds its workers the same
-    way (mmengine's worker_init_fn), so the batches are the ones the old
-    one would have produced.
-    """
-    old = getattr(loader, '_iterator', None)
-    if old is not None:
-        old._shutdown_workers()
-        loader._iterator = None
-    _rewind_samplers(loader)
-    infinite = getattr(loop, 'dataloader_iterator', None)
-    if infinite is not None and getattr(infinite, '_iterator', None) \
-            is not None:
-        stale = infinite._iterator
-        if stale is not old and hasattr(stale, '_shutdown_workers'):
-            stale._shutdown_workers()
-        # Starting an iterator draws its base seed from torch's global
-        # generator; the model's weights are initialised from it after
-        # before_run, so the draw must not show.
-        rng = torch.get_rng_state()
-        infinite._iterator = iter(loader)
-        torch.set_rng_state(rng)
+    if not is_packed_collate(loader.collate_fn):
+        loader.collate_fn = PackedCollate(loader.collate_fn)
+    make_fast(loader)
+    if pin and torch.cuda.is_available() and not loader.pin_memory:
+        loader.pin_memory = True
 
 
 @HOOKS.register_module()
@@ -84,6 +56,16 @@ class FastParallelHook(Hook):
       :class:`~fast_parallel.loader.FastDataLoader` (no per-batch profiler
       scope while no profiler runs);
     - turns ``pin_memory`` on where the model is on a GPU.
+
+    The batches stay stock's, in stock's order: a DataLoader whose iterator
+    has not started yet changes in place; one that has (``IterBasedTrainLoop``
+    starts it, and its workers prefetch, before any hook runs) is built
+    again from the loop's config around the same dataset, so that every
+    sampler and batch sampler starts where stock's did
+    (:mod:`fast_parallel.restart`). A sampler that draws from the main
+    process's global random state while its iterator starts cannot be
+    restarted exactly: that loop stays on the stock path, with a warning
+    naming the sampler.
 
     A model under any other wrapper is left alone, with a warning, and so
     are its DataLoaders: the run stays on the stock path.
@@ -126,20 +108,39 @@ class FastParallelHook(Hook):
         pin = self.pin_memory
         if pin is None:
             pin = module_device(runner.model.module).type == 'cuda'
-        for name in ('_train_loop', '_val_loop', '_test_loop'):
+        for name, cfg_name in LOADER_CONFIGS.items():
             loop = getattr(runner, name, None)
             loader = getattr(loop, 'dataloader', None) if isinstance(
                 loop, BaseLoop) else None
-            if loader is None:
-                continue
-            changed = not is_packed_collate(loader.collate_fn)
-            if changed:
-                loader.collate_fn = PackedCollate(loader.collate_fn)
-            changed = make_fast(loader) or changed
-            if pin and torch.cuda.is_available() and not loader.pin_memory:
-                loader.pin_memory = changed = True
-            if changed:
-                _restart_iterators(loop, loader)
+            if isinstance(loader, DataLoader):
+                self._install(runner, name[1:-len('_loop')], loop,
+                              getattr(runner, cfg_name, None), pin)
+
+    @staticmethod
+    def _install(runner, name: str, loop: BaseLoop, cfg,
+                 pin: bool) -> None:
+        """The fast path for one loop, on exactly stock's batches.
+
+        A loader no iterator has started yet (epoch loops, validation,
+        test) changes in place. One already started (``IterBasedTrainLoop``
+        starts it when built; its workers have prefetched) is built again
+        from its config (:mod:`fast_parallel.restart`); where that cannot be
+        exact the loop stays on the stock path, with a warning.
+        """
+        loader = loop.dataloader
+        started = started_iterators(loop, loader)
+        if not started:
+            prepare_loader(loader, pin)
+            return
+        if is_packed_collate(loader.collate_fn):
+            return  # packed by its config from the start
+        why = rebuild_started(runner, loop, cfg,
+                              partial(prepare_loader, pin=pin))
+        if why is not None:
+            runner.logger.warning(
+                f'FastParallelHook: the {name} DataLoader '
+                f'({sampler_names(loader)}) stays on the stock data path, '
+                f'so that it trains on the same batches as stock: {why}.')
 
     def _wrap_model(self, runner) -> bool:
         model = runner.model

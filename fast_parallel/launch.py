@@ -7,6 +7,8 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 from mmengine.config import Config, DictAction
+from mmengine.registry import MODEL_WRAPPERS
+from torch.nn.parallel import DistributedDataParallel
 
 from .config import disable, enable, is_enabled
 
@@ -20,9 +22,16 @@ def init_cpu_distributed(cfg: Config) -> None:
     ``torchrun`` environment) before the Runner is built; the Runner then
     sees an initialised group and skips its own ``init_dist``.
 
+    The Runner also gives every ``DistributedDataParallel`` it builds
+    ``device_ids=[LOCAL_RANK]``, which DDP refuses for a model on the CPU.
+    So that stock (``--no-fast``) and fast runs both train, with the same
+    wrapper settings, the config's wrapper is made explicit here (see
+    :func:`cpu_model_wrapper_cfg`).
+
     Args:
         cfg (Config): The config; its ``env_cfg.dist_cfg.backend`` is set to
-            ``'gloo'`` when this starts the group.
+            ``'gloo'`` and its ``model_wrapper_cfg`` completed when this
+            starts the group.
     """
     if cfg.get('launcher', 'none') == 'none' or torch.cuda.is_available():
         return
@@ -30,6 +39,41 @@ def init_cpu_distributed(cfg: Config) -> None:
         dist.init_process_group(backend='gloo')
     cfg.setdefault('env_cfg', {}).setdefault('dist_cfg', {})['backend'] = \
         'gloo'
+    cfg.model_wrapper_cfg = cpu_model_wrapper_cfg(cfg)
+
+
+def cpu_model_wrapper_cfg(cfg: Config) -> Optional[dict]:
+    """The ``model_wrapper_cfg`` that builds the Runner's wrapper on the CPU.
+
+    Without a ``model_wrapper_cfg`` the Runner builds
+    ``MMDistributedDataParallel`` with ``device_ids=[LOCAL_RANK]``,
+    ``broadcast_buffers=False`` and the config's ``find_unused_parameters``
+    (False when it has none); this returns exactly that with
+    ``device_ids=None``. A config's own ``model_wrapper_cfg`` for a
+    ``DistributedDataParallel`` subclass gets ``device_ids=None`` and nothing
+    else (keys of the config win over the Runner's ``default_args``); any
+    other wrapper is returned unchanged.
+
+    Args:
+        cfg (Config): The config.
+
+    Returns:
+        dict, optional: The wrapper config (the config's own object,
+        completed, when it has one).
+    """
+    wrapper = cfg.get('model_wrapper_cfg', None)
+    if wrapper is None:
+        return dict(
+            type='MMDistributedDataParallel',
+            device_ids=None,
+            broadcast_buffers=False,
+            find_unused_parameters=cfg.get('find_unused_parameters', False))
+    kind = wrapper.get('type', 'MMDistributedDataParallel')
+    if isinstance(kind, str):
+        kind = MODEL_WRAPPERS.get(kind)
+    if isinstance(kind, type) and issubclass(kind, DistributedDataParallel):
+        wrapper['device_ids'] = None
+    return wrapper
 
 
 def apply_common_args(cfg: Config, config_path: str,
@@ -55,7 +99,7 @@ def apply_common_args(cfg: Config, config_path: str,
         cfg.work_dir = osp.join('./work_dirs',
                                 osp.splitext(osp.basename(config_path))[0])
     if fast is True or (fast is None and is_enabled(cfg)):
-        enable(cfg)  # also completes a fast config (model_wrapper_cfg)
+        enable(cfg)  # also completes a fast config (its hooks)
     elif fast is False:
         disable(cfg)
     init_cpu_distributed(cfg)

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch.autograd import profiler
 from torch.utils.data import DataLoader
-from torch.utils.data.dataloader import (_DatasetKind,
+from torch.utils.data.dataloader import (_BaseDataLoaderIter, _DatasetKind,
                                          _MultiProcessingDataLoaderIter,
                                          _SingleProcessDataLoaderIter)
 
@@ -37,11 +37,31 @@ class _UnlabelledNext:
         return data
 
 
-class _SingleProcessIter(_UnlabelledNext, _SingleProcessDataLoaderIter):
+class _InheritedSeed(_BaseDataLoaderIter):
+    """Takes the base seed a restarted loader inherits from its predecessor.
+
+    It sits right above torch's base class in the MRO, so the seed is in
+    place before ``_MultiProcessingDataLoaderIter`` hands it to its workers
+    (torch seeds each worker's ``random`` and torch generators with
+    ``base_seed + worker_id``). :mod:`fast_parallel.restart` sets
+    ``_fast_parallel_base_seed`` on a loader it builds again; the draw
+    torch made is undone there too.
+    """
+
+    def __init__(self, loader: DataLoader) -> None:
+        super().__init__(loader)
+        seed = getattr(loader, '_fast_parallel_base_seed', None)
+        if seed is not None:
+            self._base_seed = seed
+
+
+class _SingleProcessIter(_UnlabelledNext, _SingleProcessDataLoaderIter,
+                         _InheritedSeed):
     pass
 
 
-class _MultiProcessingIter(_UnlabelledNext, _MultiProcessingDataLoaderIter):
+class _MultiProcessingIter(_UnlabelledNext, _MultiProcessingDataLoaderIter,
+                           _InheritedSeed):
     pass
 
 

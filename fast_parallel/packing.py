@@ -2,8 +2,8 @@
 
 ``pack(tree)`` walks a collated structure the way mmengine's
 ``BaseDataPreprocessor.cast_data`` does, copies every tensor that stock
-``cast_data`` would move into one contiguous 1-D buffer per dtype and keeps a
-small picklable skeleton for everything else. ``PackedBatch.to(device)`` then
+``cast_data`` would move into one 1-D buffer per dtype and keeps a small
+picklable skeleton for everything else. ``PackedBatch.to(device)`` then
 moves the whole batch with one copy per buffer, and ``unpack()`` rebuilds the
 structure with tensor leaves as views into the buffers.
 
@@ -11,6 +11,28 @@ Where stock would *not* move a tensor (a list of tensors inside a data sample,
 a tensor in ``metainfo``), the packer leaves it untouched in the skeleton, so
 that the unpacked result equals stock ``cast_data`` leaf by leaf, devices
 included.
+
+Strides are stock's too. Stock keeps each tensor as the pipeline made it
+(``pseudo_collate`` and the DataLoader's shared-memory queue keep strides);
+``cast_data``'s ``tensor.to(device)`` returns the tensor itself on its own
+device, and on another device copies it with ``torch.preserve_format``: a
+non-overlapping-and-dense tensor (contiguous, channels-last, any permutation)
+keeps its strides, any other one (expanded, gapped slice, overlapping view)
+gets fresh dense strides. So each leaf's buffer holds the span of storage its
+view touches (gaps of a sliced tensor included, only the underlying elements
+of an expanded one), and ``unpack`` gives
+
+- where the batch was packed (no ``to``, or ``to`` its own device): a view
+  with the original shape and strides, expansion and overlap included;
+- after ``to`` another device: the same view for a non-overlapping-and-dense
+  leaf, and for any other leaf what stock's ``to`` gives, a dense copy with
+  the strides ``Tensor.to`` picks (worked out once, at pack time).
+
+Preserved: shape, strides, dtype, values, the expansion/overlap structure of
+each view, ``requires_grad``, one object for a tensor that occurs twice, and
+a 64-byte aligned start for each leaf's span. Not preserved, because all
+leaves share one buffer: the ``storage_offset`` value and storage sharing
+between *different* leaves (two views of one tensor become two spans).
 """
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
@@ -307,17 +329,26 @@ class PackedBatch:
     Args:
         buffers (dict[torch.dtype, Tensor]): One 1-D buffer per dtype.
         layout (list[tuple]): Per leaf slot: ``(dtype, offset, shape,
-            stride, requires_grad)``, offsets in elements of the buffer.
+            stride, requires_grad, moved_stride)``: the leaf's view starts
+            at ``offset`` (elements of its dtype's buffer) with its original
+            ``shape`` and ``stride``; ``moved_stride`` is None when the leaf
+            is non-overlapping and dense, else the strides stock's
+            ``Tensor.to`` gives it on another device.
         skeleton: The structure, as skeleton nodes.
         device (torch.device, optional): Where ``to`` moved the batch;
             None for a batch fresh from the collate function.
             Defaults to None.
         non_blocking (bool): Whether the move was non-blocking.
             Defaults to False.
+        ticket (RingTicket, optional): Worker side, the shared ring slot the
+            buffers live in. Defaults to None.
+        moved (bool): Whether ``to`` has copied the buffers to another
+            device than the one the leaves were packed on. Defaults to
+            False.
     """
 
     __slots__ = ('buffers', 'layout', 'skeleton', 'device', 'non_blocking',
-                 'ticket')
+                 'ticket', 'moved')
 
     def __init__(self,
                  buffers: Dict[torch.dtype, torch.Tensor],
@@ -325,7 +356,8 @@ class PackedBatch:
                  skeleton: _Node,
                  device: Optional[torch.device] = None,
                  non_blocking: bool = False,
-                 ticket: Optional[Any] = None) -> None:
+                 ticket: Optional[Any] = None,
+                 moved: bool = False) -> None:
         self.buffers = buffers
         self.layout = layout
         self.skeleton = skeleton
@@ -333,17 +365,18 @@ class PackedBatch:
         self.non_blocking = non_blocking
         # A worker-side RingTicket when the buffers live in a shared slot.
         self.ticket = ticket
+        self.moved = moved
 
     def __getstate__(self) -> tuple:
         if self.ticket is not None:  # the slot's storages, or just its key
             return (None, self.layout, self.skeleton, self.device,
-                    self.non_blocking, self.ticket.payload())
+                    self.non_blocking, self.moved, self.ticket.payload())
         return (self.buffers, self.layout, self.skeleton, self.device,
-                self.non_blocking, None)
+                self.non_blocking, self.moved, None)
 
     def __setstate__(self, state: tuple) -> None:
         (self.buffers, self.layout, self.skeleton, self.device,
-         self.non_blocking, ring) = state
+         self.non_blocking, self.moved, ring) = state
         self.ticket = None
         if ring is not None:
             from .ring import receive
@@ -365,10 +398,10 @@ class PackedBatch:
         return len(self.buffers)
 
     def _replace(self, buffers: Dict[torch.dtype, torch.Tensor],
-                 device: Optional[torch.device],
-                 non_blocking: bool) -> 'PackedBatch':
+                 device: Optional[torch.device], non_blocking: bool,
+                 moved: bool) -> 'PackedBatch':
         return PackedBatch(buffers, self.layout, self.skeleton, device,
-                           non_blocking)
+                           non_blocking, moved=moved)
 
     def pin_memory(self, device: Optional[DeviceLike] = None) -> 'PackedBatch':
         """Pins the buffers (the DataLoader's pin-memory thread calls this).
@@ -381,7 +414,8 @@ class PackedBatch:
         """
         pinned = {dt: b if b.is_pinned() else b.pin_memory()
                   for dt, b in self.buffers.items()}
-        return self._replace(pinned, self.device, self.non_blocking)
+        return self._replace(pinned, self.device, self.non_blocking,
+                             self.moved)
 
     def to(self,
            device: DeviceLike,
@@ -398,9 +432,25 @@ class PackedBatch:
             PackedBatch: A new batch whose buffers live on ``device``.
         """
         device = torch.device(device)
-        moved = {dt: b.to(device, non_blocking=non_blocking)
+        source = _device_of(self.buffers)
+        copy_non_blocking = non_blocking
+        if (non_blocking and device.type == 'cpu' and source is not None
+                and source.type != 'cpu' and self._has_undense_leaves()):
+            # ``unpack`` reads these buffers on the host for the dense
+            # copies: a non-blocking device-to-host copy may not have landed.
+            copy_non_blocking = False
+        moved = {dt: b.to(device, non_blocking=copy_non_blocking)
                  for dt, b in self.buffers.items()}
-        return self._replace(moved, device, non_blocking)
+        # Stock's ``tensor.to(device)`` returns the tensor itself when it is
+        # on ``device`` already (``Tensor.to`` resolves ``'cuda'`` to the
+        # current index, as it does for the buffers here) and copies it
+        # otherwise. The buffers were copied iff their device changed.
+        crossed = source is not None and _device_of(moved) != source
+        return self._replace(moved, device, non_blocking,
+                             self.moved or crossed)
+
+    def _has_undense_leaves(self) -> bool:
+        return any(entry[5] is not None for entry in self.layout)
 
     def unpack(self) -> Any:
         """Rebuilds the collated structure.
@@ -408,12 +458,18 @@ class PackedBatch:
         Returns:
             The structure ``pack`` was given (or, after ``to``, what stock
             ``cast_data`` would return); tensor leaves are views into the
-            buffers.
+            buffers with the original strides, except leaves that were not
+            non-overlapping-and-dense after a move to another device:
+            those are dense copies, as stock's ``Tensor.to`` makes them.
         """
         buffers = self.buffers
+        moved = self.moved
         views = []
-        for dtype, offset, shape, stride, requires_grad in self.layout:
+        for dtype, offset, shape, stride, requires_grad, moved_stride in \
+                self.layout:
             view = buffers[dtype].as_strided(shape, stride, offset)
+            if moved and moved_stride is not None:
+                view = _dense_copy(view, moved_stride)
             if requires_grad:
                 view.requires_grad_()
             views.append(view)
@@ -428,12 +484,125 @@ class PackedBatch:
                 f' device={self.device})')
 
 
-def _contiguous_stride(shape: Tuple[int, ...]) -> Tuple[int, ...]:
-    stride, acc = [], 1
-    for size in reversed(shape):
-        stride.append(acc)
-        acc *= max(size, 1)
-    return tuple(reversed(stride))
+def _device_of(buffers: Dict[torch.dtype, torch.Tensor]
+               ) -> Optional[torch.device]:
+    """The device of the buffers (all on one), None when there are none."""
+    for buf in buffers.values():
+        return buf.device
+    return None
+
+
+def _dense_copy(view: torch.Tensor, stride: Tuple[int, ...]) -> torch.Tensor:
+    """What stock's ``Tensor.to`` makes of a leaf that is not dense.
+
+    Stock copies such a tensor (expanded, gapped or overlapping) into fresh
+    memory with dense strides when it moves it to another device. This is
+    that same copy, made on the device from the moved buffer. It is not a
+    transfer copy: the batch crossed to the device in the one copy per
+    buffer, and stock makes this copy too.
+
+    Args:
+        view (Tensor): The leaf's view into its moved buffer.
+        stride (tuple[int]): The strides stock's ``to`` picks.
+
+    Returns:
+        Tensor: A dense tensor with those strides holding the view's values.
+    """
+    out = torch.empty_strided(view.shape, stride, dtype=view.dtype,
+                              device=view.device)
+    return out.copy_(view)
+
+
+def _span(shape: Tuple[int, ...], stride: Tuple[int, ...]) -> int:
+    """Elements of storage a view touches, from its first to its last.
+
+    Args:
+        shape (tuple[int]): The view's sizes.
+        stride (tuple[int]): The view's strides (never negative in torch).
+
+    Returns:
+        int: 0 for an empty view, else ``1 + sum((size - 1) * stride)``.
+    """
+    if 0 in shape:
+        return 0
+    return 1 + sum((size - 1) * st for size, st in zip(shape, stride))
+
+
+def _moved_stride(tensor: torch.Tensor) -> Optional[Tuple[int, ...]]:
+    """The strides stock's ``tensor.to(other_device)`` gives a leaf.
+
+    ``Tensor.to`` keeps the strides of a non-overlapping-and-dense tensor
+    and picks dense ones for any other. The rules live in C++
+    (``_to_copy``); a move to the ``meta`` device runs that very code and
+    allocates nothing, so it answers exactly.
+
+    Args:
+        tensor (Tensor): A leaf that is not contiguous.
+
+    Returns:
+        tuple[int] or None: None when ``to`` keeps the strides, else the
+        strides it picks.
+    """
+    stride = tensor.detach().to('meta').stride()
+    return None if stride == tensor.stride() else stride
+
+
+def _plan(leaves: List[torch.Tensor]
+          ) -> Tuple[Dict[torch.dtype, int], List[tuple], List[Optional[int]]]:
+    """Places each leaf's span in its dtype's buffer.
+
+    Args:
+        leaves (list[Tensor]): The distinct tensor leaves, in slot order.
+
+    Returns:
+        tuple: ``sizes`` (elements per dtype buffer), ``layout`` (see
+        :class:`PackedBatch`) and ``runs``: per leaf None when it is
+        contiguous (its span is its elements), else its span.
+    """
+    sizes: Dict[torch.dtype, int] = {}
+    layout = []
+    runs: List[Optional[int]] = []
+    for t in leaves:
+        itemsize = t.element_size()
+        start = sizes.get(t.dtype, 0)
+        shape = tuple(t.shape)
+        stride = t.stride()
+        if t.is_contiguous():
+            # The common case, kept as cheap as before: the span is the
+            # elements, and ``to`` keeps contiguous strides.
+            run, span, moved_stride = None, t.numel(), None
+        else:
+            span = run = _span(shape, stride)
+            moved_stride = _moved_stride(t)
+        layout.append((t.dtype, start, shape, stride, t.requires_grad,
+                       moved_stride))
+        runs.append(run)
+        sizes[t.dtype] = start + _aligned(span * itemsize) // itemsize
+    return sizes, layout, runs
+
+
+@torch.no_grad()  # the buffers never join a graph; no detach() per leaf
+def _fill(buffers: Dict[torch.dtype, torch.Tensor],
+          leaves: List[torch.Tensor], layout: List[tuple],
+          runs: List[Optional[int]]) -> None:
+    """Copies each leaf's span into its place (see :func:`_plan`).
+
+    Args:
+        buffers (dict[torch.dtype, Tensor]): The 1-D buffers.
+        leaves (list[Tensor]): The leaves, in slot order.
+        layout (list[tuple]): From :func:`_plan`.
+        runs (list[int | None]): From :func:`_plan`.
+    """
+    for t, run, (dt, offset, shape, stride, *_) in zip(leaves, runs, layout):
+        if run is None:
+            if t.numel():
+                buffers[dt].as_strided(shape, stride, offset).copy_(t)
+        elif run:
+            # The storage the view touches as one 1-D run (gaps included,
+            # an expanded view's elements once); ``unpack`` lays the
+            # original strides over it from ``offset``.
+            source = t.as_strided((run, ), (1, ), t.storage_offset())
+            buffers[dt].narrow(0, offset, run).copy_(source)
 
 
 def stock_transfers(tree: Any) -> Tuple[int, int]:
@@ -481,16 +650,7 @@ def pack(tree: Any, pin_memory: bool = False,
     if not leaves:
         return PackedBatch({}, [], skeleton)
 
-    sizes: Dict[torch.dtype, int] = {}
-    layout = []
-    for t in leaves:
-        itemsize = t.element_size()
-        start = sizes.get(t.dtype, 0)
-        shape = tuple(t.shape)
-        layout.append((t.dtype, start, shape, _contiguous_stride(shape),
-                       t.requires_grad))
-        sizes[t.dtype] = start + _aligned(t.numel() * itemsize) // itemsize
-
+    sizes, layout, runs = _plan(leaves)
     device = leaves[0].device
     buffers = None
     if allocate is not None and device.type == 'cpu':
@@ -501,7 +661,5 @@ def pack(tree: Any, pin_memory: bool = False,
             dt: torch.empty(n, dtype=dt, device=device, pin_memory=pin)
             for dt, n in sizes.items()
         }
-    for t, (dt, offset, shape, stride, _) in zip(leaves, layout):
-        if t.numel():
-            buffers[dt].as_strided(shape, stride, offset).copy_(t.detach())
+    _fill(buffers, leaves, layout, runs)
     return PackedBatch(buffers, layout, skeleton)

@@ -3,16 +3,21 @@
 ``run_parity(cfg, iters)`` trains ``iters`` iterations twice in this
 process — once on mmengine's stock path (``pseudo_collate``, mmengine's own
 wrapping: ``fast_parallel.disable``) and once on the fast path
-(``fast_parallel.enable``) — from the same seed, and records every loss term
-of every iteration, the gradient norm before every optimizer step, a
-checksum of all parameters at the end and, optionally, the validation
-metrics. ``tools/parity.py`` is its command line.
+(``fast_parallel.enable``) — from the same seed, and records the samples
+each iteration trained on (the training order), every loss term of every
+iteration, the gradient norm before every optimizer step, a checksum of all
+parameters at the end and, optionally, the validation metrics.
+``tools/parity.py`` is its command line.
 """
+import contextlib
 import copy
 import hashlib
 import math
+import os
+import os.path as osp
 import uuid
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Mapping
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 from mmengine.config import Config
@@ -25,13 +30,73 @@ from .packing import PackedBatch
 
 PATHS = ('stock', 'fast')
 
+#: Metainfo keys that name a sample, in the order they are looked for: the
+#: dataset's sample index (mmdet ``img_id``, mmdet3d ``sample_idx``), then
+#: the file it was read from.
+SAMPLE_ID_KEYS = ('img_id', 'sample_idx', 'img_path', 'lidar_path')
 
-class ParityRecorderHook(Hook):
-    """Records losses, gradient norms and metrics of one run.
+#: The ``what`` of the training-order row.
+ORDER_ROW = 'training order (sample ids)'
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-friendly copy of a metainfo value (numpy scalars, tuples)."""
+    if hasattr(value, 'item') and getattr(value, 'ndim', 1) == 0:
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value if isinstance(value, (int, float, str)) else str(value)
+
+
+def sample_id(sample: Any) -> Any:
+    """The identity of one data sample of a collated batch.
 
     Args:
-        record (dict): Filled in place: ``losses`` (per iteration, term ->
-            value), ``grad_norm`` (per iteration), ``metrics``.
+        sample: A data sample (mmdet ``DetDataSample``, mmdet3d
+            ``Det3DDataSample``: their ``metainfo``) or a dict of metainfo.
+
+    Returns:
+        The first of :data:`SAMPLE_ID_KEYS` the sample carries, or None.
+    """
+    meta = getattr(sample, 'metainfo', sample)
+    if not isinstance(meta, Mapping):
+        return None
+    for key in SAMPLE_ID_KEYS:
+        if meta.get(key) is not None:
+            return _plain(meta[key])
+    return None
+
+
+def batch_sample_ids(data_batch: Any) -> Optional[List[Any]]:
+    """The identities of a training batch's samples, in batch order.
+
+    Args:
+        data_batch: What the train loop hands its hooks: stock's
+            ``pseudo_collate`` dict (``data_samples``: a list of data
+            samples) or, on the fast path, a :class:`PackedBatch`, read
+            through ``unpack()`` where it is (no copy to a device).
+
+    Returns:
+        list | None: One id per sample (None for a sample without one), or
+        None for a batch without ``data_samples``.
+    """
+    if isinstance(data_batch, PackedBatch):
+        data_batch = data_batch.unpack()
+    samples = data_batch.get('data_samples') if isinstance(
+        data_batch, Mapping) else None
+    if not isinstance(samples, (list, tuple)):
+        return None
+    return [sample_id(s) for s in samples]
+
+
+class ParityRecorderHook(Hook):
+    """Records one run: training order, losses, gradient norms, metrics.
+
+    Args:
+        record (dict): Filled in place: ``order`` (per iteration, the ids
+            of the batch's samples, see :func:`batch_sample_ids`),
+            ``losses`` (per iteration, term -> value), ``grad_norm`` (per
+            iteration), ``metrics``.
         progress (callable, optional): Called once per iteration.
             Defaults to None.
     """
@@ -41,8 +106,8 @@ class ParityRecorderHook(Hook):
     def __init__(self, record: dict, progress: Optional[Any] = None) -> None:
         self.record = record
         self.progress = progress
-        record.update(losses=[], grad_norm=[], metrics={}, packed=0,
-                      predictions=None)
+        record.update(order=[], losses=[], grad_norm=[], metrics={},
+                      packed=0, predictions=None)
         self._predictions = hashlib.sha256()
 
     def before_train(self, runner) -> None:
@@ -66,7 +131,9 @@ class ParityRecorderHook(Hook):
 
     def before_train_iter(self, runner, batch_idx: int,
                           data_batch=None) -> None:
-        """Counts the batches that arrive packed (the fast path at work)."""
+        """Keeps the batch's sample ids; counts the batches that arrive
+        packed (the fast path at work)."""
+        self.record['order'].append(batch_sample_ids(data_batch))
         self.record['packed'] += isinstance(data_batch, PackedBatch)
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None,
@@ -221,9 +288,10 @@ def compare(stock: dict, fast: dict, atol: float = 0.0) -> List[dict]:
 
     Returns:
         list[dict]: ``what``, ``stock``, ``fast``, ``same`` per compared
-        value: each loss term of each iteration, each gradient norm, the
-        parameter checksum (or, with ``atol``, the largest parameter
-        difference) and each metric.
+        value: the training order (first; see :func:`order_row`), each loss
+        term of each iteration, each gradient norm, the parameter checksum
+        (or, with ``atol``, the largest parameter difference) and each
+        metric.
     """
     rows = []
     n = max(len(stock['losses']), len(fast['losses']))
@@ -238,6 +306,9 @@ def compare(stock: dict, fast: dict, atol: float = 0.0) -> List[dict]:
         rows.append(dict(what=f'iter {i + 1} grad_norm', stock=ga, fast=gb))
     for row in rows:
         row['same'] = _close(row['stock'], row['fast'], atol)
+    # First: when the runs trained on different batches, no loss can match,
+    # and this row says why. Sample ids are compared exactly, ``atol`` or not.
+    rows.insert(0, order_row(stock.get('order', []), fast.get('order', [])))
     # The check is only worth something if the fast run really ran packed.
     rows.append(dict(what='packed batches', stock=stock['packed'],
                      fast=fast['packed'],
@@ -263,6 +334,148 @@ def compare(stock: dict, fast: dict, atol: float = 0.0) -> List[dict]:
         a, b = stock['metrics'].get(key), fast['metrics'].get(key)
         rows.append(dict(what=key, stock=a, fast=b, same=_close(a, b, atol)))
     return rows
+
+
+class _NoIteration:
+    """Stands for an iteration one run did not make."""
+
+    def __repr__(self) -> str:
+        return 'no iteration'
+
+
+_NO_ITERATION = _NoIteration()
+
+
+def _show_id(value: Any) -> str:
+    if isinstance(value, str):  # a file path: its name is enough to read
+        return osp.basename(value)
+    if isinstance(value, list):
+        return '[' + ', '.join(_show_id(v) for v in value) + ']'
+    return str(value)
+
+
+def _show_batch(ids: Any) -> str:
+    """``[5, 4]``; ``-`` for a batch without ids."""
+    if ids is _NO_ITERATION:
+        return 'no iteration'
+    return '-' if ids is None else _show_id(list(ids))
+
+
+def _show_order(order: List[Any], most: int = 4) -> str:
+    """The first batches of a training order: ``[5, 4] [8, 3] … (+6)``."""
+    if all(i is None for ids in order for i in (ids or [])):
+        return 'no sample ids'
+    shown = ' '.join(_show_batch(ids) for ids in order[:most])
+    return shown + (f' … (+{len(order) - most})' if len(order) > most
+                    else '')
+
+
+def order_row(stock: Sequence[Any], fast: Sequence[Any]) -> dict:
+    """The training-order row: did both runs train on the same batches?
+
+    Args:
+        stock (Sequence): Per iteration, the sample ids of the stock run's
+            batch (``ParityRecorderHook``'s ``order``).
+        fast (Sequence): The same for the fast run.
+
+    Returns:
+        dict: A :func:`compare` row, ``what`` = :data:`ORDER_ROW`. Same
+        order: both cells show the batches (the first four), ``same``
+        True, ``first_difference`` None. Else ``same`` False, each cell
+        shows that run's batch at the first iteration where they differ
+        (``iter 1: [5, 4]``, 1-based like the loss rows), and
+        ``first_difference`` is ``dict(iter=1, stock=[5, 4], fast=[11,
+        5])`` (None for a side that made no such iteration); ``detail``
+        reads ``iter 1: stock [5, 4] / fast [11, 5]``.
+    """
+    stock, fast = list(stock), list(fast)
+
+    def at(order: List[Any], i: int) -> Any:
+        return order[i] if i < len(order) else _NO_ITERATION
+
+    first = next((i for i in range(max(len(stock), len(fast)))
+                  if at(stock, i) != at(fast, i)), None)
+    if first is None:
+        return dict(what=ORDER_ROW, stock=_show_order(stock),
+                    fast=_show_order(fast), same=True,
+                    first_difference=None,
+                    detail=f'{len(stock)} iterations, the same batches')
+    a, b = at(stock, first), at(fast, first)
+    detail = (f'iter {first + 1}: stock {_show_batch(a)} / '
+              f'fast {_show_batch(b)}')
+    return dict(
+        what=ORDER_ROW,
+        stock=f'iter {first + 1}: {_show_batch(a)}',
+        fast=f'iter {first + 1}: {_show_batch(b)}',
+        same=False,
+        first_difference=dict(
+            iter=first + 1,
+            stock=None if a is _NO_ITERATION else a,
+            fast=None if b is _NO_ITERATION else b),
+        detail=detail)
+
+
+def verdict(rows: List[dict]) -> str:
+    """``IDENTICAL`` when every row matches, else ``DIFFERENT``."""
+    return 'IDENTICAL' if all(r['same'] for r in rows) else 'DIFFERENT'
+
+
+def run_parity(cfg: Config,
+               iters: int,
+               evaluate: bool = False,
+               work_dir: str = 'work_dirs/parity',
+               seed: int = 0,
+               deterministic: bool = True,
+               fast_hooks: Sequence[str] = (),
+               atol: float = 0.0,
+               progress: Optional[Callable[[str], Any]] = None,
+               capture_output: bool = True) -> dict:
+    """Trains the stock run, then the fast run, and compares them.
+
+    Args:
+        cfg (Config): Any mmdet / mmdet3d config, fast or not.
+        iters (int): Training iterations per run.
+        evaluate (bool): Validate after the last iteration.
+            Defaults to False.
+        work_dir (str): Parent of the runs' work dirs
+            (``work_dir/{stock,fast}``). Defaults to 'work_dirs/parity'.
+        seed (int): Random seed. Defaults to 0.
+        deterministic (bool): mmengine's deterministic switch.
+            Defaults to True.
+        fast_hooks (Sequence[str]): Hook types for the fast run only.
+            Defaults to ().
+        atol (float): Absolute tolerance, 0 for identical values.
+            Defaults to 0.
+        progress (callable, optional): Called with the run's path
+            ('stock' / 'fast') once per iteration. Defaults to None.
+        capture_output (bool): Send each run's stdout and stderr (logs,
+            warnings, COCO tables) to ``work_dir/<path>/output.log``.
+            Defaults to True.
+
+    Returns:
+        dict: ``records`` (path -> :func:`run_once` record), ``rows``
+        (:func:`compare`), ``order`` (the training-order row), ``verdict``
+        ('IDENTICAL' / 'DIFFERENT') and ``ok``.
+    """
+    records = {}
+    for path in PATHS:
+        run_cfg = parity_config(cfg, path, iters, evaluate, work_dir, seed,
+                                deterministic, fast_hooks)
+        tick = None if progress is None else (
+            lambda path=path: progress(path))
+        os.makedirs(run_cfg.work_dir, exist_ok=True)
+        with contextlib.ExitStack() as stack:
+            if capture_output:
+                log = stack.enter_context(
+                    open(osp.join(run_cfg.work_dir, 'output.log'), 'w'))
+                stack.enter_context(contextlib.redirect_stdout(log))
+                stack.enter_context(contextlib.redirect_stderr(log))
+            records[path] = run_once(run_cfg, progress=tick)
+    rows = compare(records['stock'], records['fast'], atol)
+    order = next(r for r in rows if r['what'] == ORDER_ROW)
+    result = verdict(rows)
+    return dict(records=records, rows=rows, order=order, verdict=result,
+                ok=result == 'IDENTICAL')
 
 
 def format_table(rows: List[dict]) -> str:

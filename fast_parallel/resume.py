@@ -23,18 +23,42 @@ checkpoint, puts them back right before the first resumed iteration, after
 running again the validation the original run did after that checkpoint.
 A run that is not resumed is not changed in any way.
 
-Exact resume needs an iteration-based loop: an epoch-based one restarts its
-DataLoader workers at the resumed epoch, with fresh random states in the
-workers.
+Two more things a resumed run would get wrong, which the hook puts right:
+
+- without a fixed seed (``randomness=dict(seed=None)``, mmdet's default) the
+  Runner draws a new seed per process and builds the DataLoaders with it
+  (sampler order, mmengine's ``worker_init_fn``) before ``Runner.resume``
+  restores the checkpoint's seed: the resumed run would train on another
+  order with other augmentations. The hook builds the train DataLoader again
+  with the checkpoint's seed (:mod:`fast_parallel.restart`) before the first
+  resumed batch is drawn;
+- in an epoch-based loop the first batch is built before
+  ``before_train_iter``: there the states go back in ``before_train_epoch``.
+
+What it cannot make exact, and warns about when resuming:
+
+- an epoch-based loop with ``persistent_workers=True`` and workers: in the
+  uninterrupted run the workers' random states run on from epoch to epoch;
+  a resumed run starts new workers from their seed (stock mmengine does the
+  same). Random augmentations then differ after the resume.
+  ``persistent_workers=False`` (workers seeded alike every epoch) or an
+  iteration-based loop resume exactly;
+- an epoch-based checkpoint written in the middle of an epoch: mmengine
+  trains that whole epoch again.
 """
 import random
-from typing import Dict, Optional, Tuple, Type
+from functools import partial
+from typing import Dict, Optional, Tuple, Type, Union
 
 import numpy as np
 import torch
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
-from mmengine.runner import IterBasedTrainLoop
+from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
+from torch.utils.data import DataLoader
+
+from .loader import FastDataLoader, make_fast
+from .restart import rebuild_started
 
 META_KEY = 'fast_parallel_resume'
 
@@ -130,6 +154,11 @@ class ExactResumeHook(Hook):
     def __init__(self, priority='VERY_HIGH') -> None:
         self.priority = priority
         self._pending: Optional[dict] = None
+        self._built_seed: Optional[int] = None
+
+    def before_run(self, runner) -> None:
+        """Remembers the seed the Runner built the DataLoaders with."""
+        self._built_seed = runner.seed
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         """Writes random and module states into ``checkpoint['meta']``."""
@@ -152,30 +181,99 @@ class ExactResumeHook(Hook):
             for attr, value in attrs.items():
                 setattr(modules[name], attr, value)
         self._pending = saved
+        why = _inexact_epoch_resume(runner.train_loop, checkpoint)
+        if why:
+            runner.logger.warning(
+                f'ExactResumeHook: this resumed run will not be identical '
+                f'to an uninterrupted one: {why}.')
+
+    def before_train(self, runner) -> None:
+        """After a resume: the train DataLoader with the checkpoint's seed.
+        """
+        seed = runner.seed
+        if self._pending is None or seed == self._built_seed:
+            return
+        loop = runner.train_loop
+        why = rebuild_started(runner, loop, runner._train_dataloader,
+                              partial(_same_as, loop.dataloader), seed=seed)
+        if why is None:
+            runner.logger.info(
+                f'ExactResumeHook: the train DataLoader was built again with '
+                f'the checkpoint\'s seed {seed} (it was built with '
+                f'{self._built_seed}), as the interrupted run had it.')
+        else:
+            runner.logger.warning(
+                f'ExactResumeHook: the train DataLoader keeps the seed '
+                f'{self._built_seed}, not the checkpoint\'s {seed}, so this '
+                f'resumed run draws another order and other augmentations: '
+                f'{why}. Set randomness=dict(seed=...) for an exact resume.')
+        self._built_seed = seed
+
+    def before_train_epoch(self, runner) -> None:
+        """Epoch loops: the states go back before the epoch's first batch.
+        """
+        if isinstance(runner.train_loop, EpochBasedTrainLoop):
+            self._restore(runner)
 
     def before_train_iter(self, runner, batch_idx: int,
                           data_batch=None) -> None:
-        """First resumed iteration: validation as the original run, states.
-        """
+        """Iteration loops: the states go back at the first resumed
+        iteration (after mmengine skipped the batches already trained)."""
+        self._restore(runner)
+
+    def _restore(self, runner) -> None:
+        """Validation as the original run did, then the random states."""
         saved, self._pending = self._pending, None
         if saved is None:
             return
         set_random_states(saved['random'])
-        loop = runner.train_loop
-        if isinstance(loop, IterBasedTrainLoop) and _validated_after(loop):
+        if _validated_after(runner.train_loop):
             # The original run validated right after writing this
             # checkpoint; that drew from the random states too.
             runner.val_loop.run()
             runner.model.train()
 
 
-def _validated_after(loop: IterBasedTrainLoop) -> bool:
-    """Whether the loop validated after its last finished iteration.
+def _same_as(old: DataLoader, new: DataLoader) -> None:
+    """Gives a DataLoader built again what the running one has on top of
+    its config: collate function, class, pinning."""
+    new.collate_fn = old.collate_fn
+    if isinstance(old, FastDataLoader):
+        make_fast(new)
+    new.pin_memory = old.pin_memory
 
-    The same test as ``IterBasedTrainLoop.run``, at the same ``_iter``.
+
+def _inexact_epoch_resume(loop, checkpoint: dict) -> Optional[str]:
+    """Why resuming an epoch-based run cannot be exact, or None."""
+    if not isinstance(loop, EpochBasedTrainLoop):
+        return None
+    loader = loop.dataloader
+    if loader.num_workers > 0 and loader.persistent_workers:
+        return ('an epoch-based loop with persistent_workers=True restarts '
+                'its workers from their seed, where the uninterrupted run\'s '
+                'workers went on with their random states; set '
+                'persistent_workers=False or use an iteration-based loop')
+    meta = checkpoint.get('meta', {})
+    if meta.get('iter', 0) != meta.get('epoch', 0) * len(loader):
+        return ('the checkpoint was written in the middle of an epoch, '
+                'which mmengine trains again from its start')
+    return None
+
+
+def _validated_after(
+        loop: Union[IterBasedTrainLoop, EpochBasedTrainLoop]) -> bool:
+    """Whether the loop validated after its last finished iteration/epoch.
+
+    The same test as ``IterBasedTrainLoop.run`` / ``EpochBasedTrainLoop.run``
+    make, at the same ``_iter`` / ``_epoch``.
     """
-    it = loop._iter
+    if isinstance(loop, IterBasedTrainLoop):
+        done, last = loop._iter, loop.max_iters
+    elif isinstance(loop, EpochBasedTrainLoop):
+        done, last = loop._epoch, loop.max_epochs
+    else:
+        return False
     loop._decide_current_val_interval()
-    return (it > 0 and loop.runner.val_loop is not None
-            and it >= loop.val_begin
-            and (it % loop.val_interval == 0 or it == loop.max_iters))
+    return (done > 0 and loop.runner.val_loop is not None
+            and done >= loop.val_begin
+            and (done % loop.val_interval == 0 or done == last))

@@ -1,10 +1,12 @@
 """fast_parallel/collate.py on real mmdet / mmdet3d packed samples."""
 import pytest
 import torch
-from helpers import assert_same_tree
+from helpers import assert_same_tree, tensor_layouts
+from mmdet.structures import DetDataSample
 from mmengine.dataset import default_collate, pseudo_collate
 from mmengine.model import BaseDataPreprocessor
 from mmengine.registry import FUNCTIONS
+from mmengine.structures import InstanceData
 from torch.utils.data import DataLoader, Dataset
 
 from fast_parallel import PackedBatch, PackedCollate, packed_collate
@@ -84,6 +86,72 @@ def test_across_a_real_dataloader_with_workers(shape, batch_size):
             expected = BaseDataPreprocessor().to(device).cast_data(stock)
             assert_same_tree(
                 packed.to(device, non_blocking=True).unpack(), expected)
+
+
+class StridedSet(Dataset):
+    """Samples whose tensors are not contiguous, as some pipelines make them.
+
+    ``inputs`` are uint8 frames in channels-last (mmdet's PackTrackInputs);
+    the data sample holds a transposed, an expanded, a gapped and an
+    overlapping tensor.
+    """
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> dict:
+        gen = torch.Generator().manual_seed(i)
+        frames = torch.randint(0, 256, (2, 3, 12, 10), generator=gen,
+                               dtype=torch.uint8)
+        sample = DetDataSample(metainfo=dict(img_id=i, img_shape=(12, 10)))
+        sample.gt_instances = InstanceData(
+            bboxes=torch.rand(4, 5, generator=gen).t(),
+            labels=torch.tensor(i).expand(5))
+        sample.sliced = torch.rand(3, 8, 5, generator=gen)[:, 1::2]
+        sample.overlapping = torch.rand(10, generator=gen).as_strided(
+            (4, 3), (2, 1))
+        return dict(
+            inputs=frames.contiguous(memory_format=torch.channels_last),
+            data_samples=sample)
+
+
+@pytest.mark.parametrize('collate', [
+    packed_collate,
+    PackedCollate(),
+    PackedCollate(ring=None),
+], ids=['packed_collate', 'PackedCollate-ring', 'PackedCollate-fresh'])
+def test_strided_leaves_through_a_dataloader_equal_stock(collate):
+    dataset = StridedSet()
+
+    def batches(fn):
+        return list(DataLoader(dataset, batch_size=3, num_workers=2,
+                               collate_fn=fn))
+
+    stock_batches = batches(pseudo_collate)
+    fast_batches = batches(collate)
+    assert len(fast_batches) == len(stock_batches) == 2
+    for packed, stock in zip(fast_batches, stock_batches):
+        assert isinstance(packed, PackedBatch)
+        out = packed.unpack()
+        # values, shapes and strides (assert_same_tree compares them all)
+        assert_same_tree(out, stock)
+        assert tensor_layouts(out) == tensor_layouts(stock)
+        for frames in out['inputs']:
+            assert frames.is_contiguous(memory_format=torch.channels_last)
+            assert not frames.is_contiguous()
+        labels = out['data_samples'][0].gt_instances.labels
+        assert labels.stride() == (0, )  # still expanded
+        # what the model gets on the CPU, and after a move elsewhere
+        assert_same_tree(packed.to('cpu').unpack(), cast(stock, 'cpu'))
+        assert tensor_layouts(packed.to('meta').unpack()) == \
+            tensor_layouts(cast(stock, 'meta'))
+        for device in devices():
+            assert_same_tree(packed.to(device).unpack(), cast(stock, device))
+
+
+def cast(tree, device):
+    """Stock ``cast_data`` on ``device``."""
+    return BaseDataPreprocessor().to(device).cast_data(tree)
 
 
 def test_packed_collate_is_registered_and_wraps_other_collates():

@@ -133,34 +133,3 @@ def test_accuracy_parity_hook_missing_metric_fails():
     assert report['metrics']['a']['passed'] is True
     assert report['metrics']['b']['passed'] is False
     assert report['passed'] is False
-
-
-def test_restart_keeps_infinite_sampler_order():
-    # IterBasedTrainLoop starts its iterator before any hook runs; the hook
-    # drops it. mmengine's InfiniteSampler shares one index generator with
-    # every iterator: the restarted loader must still draw stock's order,
-    # and keep going past one pass over the data.
-    from mmengine.dataset import InfiniteSampler
-    from mmengine.runner.loops import _InfiniteDataloaderIterator
-
-    from fast_parallel.hooks import _restart_iterators
-
-    def loader():
-        return DataLoader(list(range(6)), batch_size=2, num_workers=2,
-                          persistent_workers=True,
-                          sampler=InfiniteSampler(list(range(6)), seed=3))
-
-    stock = _InfiniteDataloaderIterator(loader())
-    expected = [next(stock).tolist() for _ in range(9)]
-
-    class Loop:
-        pass
-
-    loop = Loop()
-    loop.dataloader = loader()
-    loop.dataloader_iterator = _InfiniteDataloaderIterator(loop.dataloader)
-    loop.dataloader.collate_fn = PackedCollate(loop.dataloader.collate_fn)
-    _restart_iterators(loop, loop.dataloader)
-    got = [next(loop.dataloader_iterator).unpack().tolist()
-           for _ in range(9)]
-    assert got == expected

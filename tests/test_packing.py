@@ -4,9 +4,10 @@ from collections import OrderedDict, namedtuple
 
 import pytest
 import torch
-from helpers import assert_same_tree
+from helpers import assert_same_tree, tensor_layouts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mmdet.structures import DetDataSample
 from mmengine.model import BaseDataPreprocessor
 from mmengine.structures import BaseDataElement, InstanceData
 
@@ -14,6 +15,9 @@ from fast_parallel import PackingError, pack, register_tensor_holder
 from fast_parallel.packing import ALIGN_BYTES, stock_transfers
 
 CPU = torch.device('cpu')
+# ``Tensor.to('meta')`` runs the very code of ``Tensor.to('cuda')`` (the
+# strides a move picks) and allocates nothing: a second device on any host.
+META = torch.device('meta')
 
 
 def cast(tree, device=CPU):
@@ -179,6 +183,176 @@ def test_unpacked_elements_do_not_share_field_sets():
     assert 'b' not in packed.unpack()[0].metainfo_keys()
 
 
+# ------------------------------------------------------------- strides
+# Each leaf kind as a function of ``rand(*shape)``; stock keeps every one of
+# them as it is on its own device (``Tensor.to`` returns the tensor itself).
+LEAVES = {
+    'contiguous': lambda rand: rand(3, 4),
+    'offset_slice': lambda rand: rand(6, 4)[2:5],
+    'channels_last': lambda rand: rand(2, 3, 5, 4).contiguous(
+        memory_format=torch.channels_last),
+    # mmdet's PackTrackInputs: uint8 frames, channels-last
+    'channels_last_uint8': lambda rand: (rand(2, 3, 6, 5) * 255).to(
+        torch.uint8).contiguous(memory_format=torch.channels_last),
+    'channels_last_3d': lambda rand: rand(2, 3, 4, 5, 2).contiguous(
+        memory_format=torch.channels_last_3d),
+    'transposed': lambda rand: rand(4, 6).t(),
+    'permuted': lambda rand: rand(2, 3, 4).permute(2, 0, 1),
+    'gapped_slice': lambda rand: rand(3, 8, 5)[:, 1::2],
+    'expanded': lambda rand: rand(3).expand(4, 3),
+    'zeros_expanded': lambda rand: torch.zeros_like(rand(3)).expand(4, 3),
+    'zero_stride': lambda rand: rand(3, 1, 2).expand(3, 4, 2),
+    'overlapping': lambda rand: rand(10).as_strided((4, 3), (2, 1)),
+    'grad_expanded': lambda rand: rand(3).requires_grad_().expand(2, 3),
+    'scalar': lambda rand: rand(),
+    'empty': lambda rand: rand(0, 4),
+    'empty_expanded': lambda rand: rand(0, 1).expand(0, 4),
+}
+# What stock's ``Tensor.to(other_device)`` makes of the leaves that are not
+# non-overlapping and dense: fresh dense strides. Every other kind keeps its
+# strides on another device too.
+MOVED_STRIDE = {
+    'gapped_slice': (20, 5, 1),
+    'expanded': (3, 1),
+    'zeros_expanded': (3, 1),
+    'zero_stride': (8, 2, 1),
+    'overlapping': (3, 1),
+    'grad_expanded': (3, 1),
+}
+
+
+def make_leaf(kind, device=CPU):
+    """A fresh ``kind`` leaf; equal values for equal kinds."""
+    gen = torch.Generator().manual_seed(len(kind))
+
+    def rand(*shape):
+        return torch.rand(shape, generator=gen).to(device)
+
+    return LEAVES[kind](rand)
+
+
+def strided_tree(kind, device=CPU):
+    """``kind`` leaves in plain containers and in a real ``DetDataSample``.
+    """
+    sample = DetDataSample(metainfo=dict(img_id=3, img_shape=(5, 4)))
+    sample.leaf = make_leaf(kind, device)
+    leaf = make_leaf(kind, device)
+    if leaf.dim():
+        sample.gt_instances = InstanceData(bboxes=leaf)
+    return {
+        'inputs': [make_leaf(kind, device), torch.ones(2, device=device)],
+        'data_samples': [sample],
+        'extra': {'pair': (make_leaf(kind, device), 7)},
+    }
+
+
+def leaves_of(tree):
+    """The ``kind`` leaves of a ``strided_tree`` (or its unpacked copy)."""
+    sample = tree['data_samples'][0]
+    out = [tree['inputs'][0], sample.leaf, tree['extra']['pair'][0]]
+    if 'gt_instances' in sample:
+        out.append(sample.gt_instances.bboxes)
+    return out
+
+
+@pytest.mark.parametrize('kind', sorted(LEAVES))
+def test_leaf_keeps_its_strides_where_it_was_packed(kind):
+    tree = strided_tree(kind)
+    packed = check_roundtrip(tree)  # values, shapes and strides, 3 ways
+    out, moved = packed.unpack(), packed.to(CPU).unpack()
+    # stock's .to(cpu) is the tensor itself: expanded and overlapping views
+    # come back expanded and overlapping
+    for got in leaves_of(out) + leaves_of(moved):
+        want = make_leaf(kind)
+        assert got.stride() == want.stride(), kind
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert got.requires_grad == want.requires_grad
+    assert tensor_layouts(out) == tensor_layouts(tree)
+    assert tensor_layouts(moved) == tensor_layouts(cast(tree))
+    # still one buffer, hence one copy, per dtype; every span 64-byte aligned
+    assert packed.num_copies == len({t.dtype for t in leaves_of(tree)}
+                                    | {torch.float32})
+    for dtype, offset, *_ in packed.layout:
+        itemsize = packed.buffers[dtype].element_size()
+        assert (offset * itemsize) % ALIGN_BYTES == 0
+
+
+@pytest.mark.parametrize('kind', sorted(LEAVES))
+def test_leaf_after_a_move_has_the_strides_stock_to_gives(kind):
+    tree = strided_tree(kind)
+    packed = pack(tree).to(META)
+    out = packed.unpack()
+    want = MOVED_STRIDE.get(kind, make_leaf(kind).stride())
+    for got in leaves_of(out):
+        assert got.device == META and got.stride() == want, kind
+        # a dense leaf stays a view of its moved buffer (no extra copy);
+        # any other one is the fresh dense copy stock's .to makes too
+        base = got._base
+        if kind in MOVED_STRIDE:
+            assert base is None
+        else:
+            assert base is packed.buffers[got.dtype]
+    assert tensor_layouts(out) == tensor_layouts(cast(tree, META))
+    # the move survives pickling (a batch moved, then sent on)
+    restored = pickle.loads(pickle.dumps(packed))
+    assert tensor_layouts(restored.unpack()) == tensor_layouts(out)
+
+
+def test_buffers_hold_the_storage_each_view_touches():
+    floats = 16  # float32 elements in ALIGN_BYTES
+
+    def buffer_len(t):
+        return pack([t]).buffers[t.dtype].numel()
+
+    # an expanded view: only the underlying elements
+    assert buffer_len(torch.arange(3.).expand(1000, 3)) == floats
+    # a dense view, whatever its memory format: exactly its elements
+    assert buffer_len(torch.rand(2, 4, 4, 4).contiguous(
+        memory_format=torch.channels_last)) == 128
+    # a slice with gaps: its first to its last element, gaps included
+    span = 1 + 2 * 40 + 3 * 10 + 4 * 1  # (3, 4, 5) over strides (40, 10, 1)
+    assert buffer_len(torch.rand(3, 8, 5)[:, 1::2]) == -(-span // floats) * \
+        floats
+    assert buffer_len(torch.rand(0, 4)) == 0
+
+
+def test_channels_last_leaf_gives_a_bit_identical_conv():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+    x = torch.randn(2, 3, 16, 16).contiguous(
+        memory_format=torch.channels_last)
+    packed = pack({'inputs': [x]})
+    with torch.no_grad():
+        want = conv(x)
+        for got in (packed.unpack()['inputs'][0],
+                    packed.to(CPU).unpack()['inputs'][0]):
+            assert got.is_contiguous(memory_format=torch.channels_last)
+            assert not got.is_contiguous()
+            out = conv(got)
+            assert out.stride() == want.stride()
+            assert torch.equal(out.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+@pytest.mark.parametrize('kind', sorted(LEAVES))
+def test_leaf_on_the_gpu_equals_stock_to(kind):
+    gpu = torch.device('cuda', torch.cuda.current_device())
+    tree = strided_tree(kind)
+    # host -> device, from pinned buffers as the DataLoader hands them over
+    out = pack(tree).pin_memory().to('cuda', non_blocking=True).unpack()
+    assert_same_tree(out, cast(tree, gpu))
+    for got, leaf in zip(leaves_of(out), leaves_of(tree)):
+        assert got.stride() == leaf.to('cuda').stride()
+    # packed on the GPU: 'cuda' is its own device, stock's .to is a no-op
+    on_gpu = strided_tree(kind, gpu)
+    assert_same_tree(pack(on_gpu).to('cuda').unpack(), on_gpu)
+    # device -> host, blocking or not
+    for non_blocking in (False, True):
+        back = pack(on_gpu).to(CPU, non_blocking=non_blocking).unpack()
+        torch.cuda.synchronize()
+        assert_same_tree(back, cast(on_gpu, CPU))
+
+
 # ------------------------------------------------------- property tests
 DTYPES = st.sampled_from(ALL_DTYPES)
 
@@ -189,9 +363,12 @@ def tensors(draw):
     shape = draw(st.lists(st.integers(0, 4), min_size=0, max_size=3))
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     t = (torch.rand(shape, generator=gen) * 100).to(dtype)
-    kind = draw(st.sampled_from(['plain', 'transposed', 'expanded', 'grad']))
+    kind = draw(st.sampled_from(['plain', 'transposed', 'sliced',
+                                 'expanded', 'grad']))
     if kind == 'transposed' and t.dim() >= 2:
         t = t.transpose(0, 1)
+    elif kind == 'sliced' and t.dim() >= 1:
+        t = t[..., 1::2]
     elif kind == 'expanded':
         t = t.reshape(1, -1).expand(2, -1)
     elif kind == 'grad' and dtype.is_floating_point:

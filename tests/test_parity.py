@@ -1,17 +1,31 @@
-"""tools/parity.py on both small configs, and its failure detection."""
+"""tools/parity.py on both small configs, its failure detection, and the
+training-order row on an upstream config with a stateful batch sampler."""
 import json
+import os.path as osp
 
 import pytest
 import torch
 from conftest import load_tool
+from mmengine.dataset import pseudo_collate
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
+from mmengine.utils import get_installed_path
 from models import CONFIGS
 from runner_utils import data_options
 
-from fast_parallel import PackedBatch
+from fast_parallel import PackedBatch, packed_collate
+from fast_parallel.parity import (ORDER_ROW, ParityRecorderHook,
+                                  batch_sample_ids, compare, format_table,
+                                  params_checksum, verdict)
+from fast_parallel.synthetic import pointpillars_samples, yolox_samples
 
 parity = load_tool('parity')
+
+#: mmdet's RetinaNet R-18: iteration loop under parity.py, the train
+#: DataLoader with ``AspectRatioBatchSampler``, batch 2, 2 workers.
+RETINANET_R18 = osp.join(get_installed_path('mmdet'), '.mim', 'configs',
+                         'retinanet', 'retinanet_r18_fpn_1x_coco.py')
+ORDER_IMAGES = 16  # 8 batches of 2 per epoch; 2 workers x prefetch 2 = 4
 
 
 def parity_options(kind, root):
@@ -62,3 +76,119 @@ def test_parity_catches_one_changed_value(sample_data, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert code == 1
     assert 'result: DIFFERENT' in printed and '**NO**' in printed
+
+
+# --------------------------------------------------------------------------
+# The training-order row
+# --------------------------------------------------------------------------
+def recorded(batches):
+    """A run's record as ``ParityRecorderHook`` fills it from ``batches``."""
+    record = {}
+    hook = ParityRecorderHook(record)
+    for i, batch in enumerate(batches):
+        hook.before_train_iter(None, i, batch)
+    # equal losses and parameters on both sides: only the order can differ
+    record['losses'] = [dict(loss=1.0) for _ in batches]
+    record['grad_norm'] = [2.0 for _ in batches]
+    torch.manual_seed(0)
+    record['checksum'] = params_checksum(torch.nn.Linear(2, 2))
+    return record
+
+
+def test_sample_ids_of_stock_and_packed_batches():
+    samples = yolox_samples(4, size=32, max_boxes=2)
+    assert batch_sample_ids(pseudo_collate(samples)) == [0, 1, 2, 3]
+    assert batch_sample_ids(packed_collate(samples[::-1])) == [3, 2, 1, 0]
+    clouds = pointpillars_samples(2, min_points=10, max_points=20,
+                                  max_boxes=2)
+    assert batch_sample_ids(pseudo_collate(clouds)) == [0, 1]  # sample_idx
+    assert batch_sample_ids(packed_collate(clouds[::-1])) == [1, 0]
+    # no sample index: the file the sample came from
+    for sample in samples:
+        del sample['data_samples'].img_id
+    assert batch_sample_ids(packed_collate(samples[:2])) == [
+        'synthetic/000000.jpg', 'synthetic/000001.jpg']
+
+
+def test_order_row_same_and_different():
+    samples = yolox_samples(6, size=32, max_boxes=2)
+    stock = recorded([pseudo_collate(samples[i:i + 2]) for i in (0, 2, 4)])
+    assert stock['order'] == [[0, 1], [2, 3], [4, 5]]
+
+    fast = recorded([packed_collate(samples[i:i + 2]) for i in (0, 2, 4)])
+    assert fast['packed'] == 3
+    rows = compare(stock, fast)
+    assert rows[0]['what'] == ORDER_ROW
+    assert rows[0]['same'] is True and rows[0]['first_difference'] is None
+    assert rows[0]['stock'] == rows[0]['fast'] == '[0, 1] [2, 3] [4, 5]'
+
+    # the second batch holds other samples: the first difference is iter 2
+    order = [[0, 1], [3, 2], [4, 5]]
+    fast = recorded([packed_collate([samples[i] for i in ids])
+                     for ids in order])
+    rows = compare(stock, fast)
+    row = rows[0]
+    assert row['what'] == ORDER_ROW and row['same'] is False
+    assert row['first_difference'] == dict(iter=2, stock=[2, 3],
+                                           fast=[3, 2])
+    assert row['detail'] == 'iter 2: stock [2, 3] / fast [3, 2]'
+    assert (row['stock'], row['fast']) == ('iter 2: [2, 3]', 'iter 2: [3, 2]')
+    assert verdict(rows) == 'DIFFERENT'
+    assert all(r['same'] for r in rows[1:])  # only the order differs here
+    table = format_table(rows)
+    assert 'iter 2: [2, 3]' in table and 'iter 2: [3, 2]' in table
+    assert '**NO**' in table.splitlines()[2]
+
+    # one run made an iteration more
+    fast = recorded([packed_collate(samples[i:i + 2]) for i in (0, 2)])
+    row = compare(stock, fast)[0]
+    assert row['first_difference'] == dict(iter=3, stock=[4, 5], fast=None)
+    assert row['detail'] == 'iter 3: stock [4, 5] / fast no iteration'
+
+
+@pytest.fixture(scope='module')
+def mixed_coco(tmp_path_factory):
+    """A COCO set of 16 train images, landscape and portrait mixed."""
+    from mmdet.datasets import CocoDataset
+    root = tmp_path_factory.mktemp('order') / 'coco'
+    load_tool('make_sample_data').make_coco(root, ORDER_IMAGES, 1, seed=0)
+    ds = CocoDataset(data_root=str(root),
+                     ann_file='annotations/instances_train2017.json',
+                     data_prefix=dict(img='train2017/'), pipeline=[],
+                     filter_cfg=dict(filter_empty_gt=True, min_size=32))
+    portrait = [ds.get_data_info(i)['width'] < ds.get_data_info(i)['height']
+                for i in range(len(ds))]
+    # AspectRatioBatchSampler groups by orientation; more batches than the
+    # workers prefetch
+    assert len(ds) >= 14 and 0 < sum(portrait) < len(ds)
+    return root
+
+
+def test_parity_training_order_aspect_ratio_sampler(mixed_coco, tmp_path,
+                                                    capsys):
+    """An upstream config, iteration loop, stateful batch sampler: the fast
+    run must train on stock's batches, and the report must say so."""
+    assert osp.exists(RETINANET_R18), RETINANET_R18
+    out = tmp_path / 'report.json'
+    code = parity.main([
+        RETINANET_R18, '--iters', '2', '--out', str(out), '--work-dir',
+        str(tmp_path), '--cfg-options',
+        f'train_dataloader.dataset.data_root={mixed_coco}/',
+        'train_dataloader.dataset.pipeline.2.scale=(128,128)',
+        'train_dataloader.batch_size=2', 'train_dataloader.num_workers=2',
+        'model.backbone.init_cfg=None'
+    ])
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    (row, ) = [r for r in report['rows'] if r['what'] == ORDER_ROW]
+    stock, fast = report['stock']['order'], report['fast']['order']
+    assert len(stock) == 2 and all(len(ids) == 2 for ids in stock)
+    assert all(isinstance(i, int) for ids in stock for i in ids)  # img_id
+    assert row['same'], f"training order {row['detail']}\n{printed}"
+    assert fast == stock
+    assert row['stock'] == row['fast'] == ' '.join(
+        f'[{a}, {b}]' for a, b in stock)
+    assert 'training order: IDENTICAL' in printed
+    assert code == 0, printed
+    assert 'result: IDENTICAL' in printed
+    assert report['ok'] is True and report['verdict'] == 'IDENTICAL'

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Usage: tools/dist_test.sh CONFIG CHECKPOINT GPUS [test.py options]
 # As mmdet's, on torchrun. NNODES, NODE_RANK, MASTER_ADDR and PORT as upstream;
-# PYTHON picks the interpreter (default: python).
+# PYTHON picks the interpreter (default: python). On a machine without CUDA the
+# processes run on the CPU over gloo, --fast and --no-fast alike.
 CONFIG=$1
 CHECKPOINT=$2
 GPUS=$3

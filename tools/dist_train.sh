@@ -2,7 +2,8 @@
 # Usage: tools/dist_train.sh CONFIG GPUS [train.py options]
 # As mmdet's, on torchrun. NNODES, NODE_RANK, MASTER_ADDR and PORT as upstream;
 # PYTHON picks the interpreter (default: python). On a machine without CUDA the
-# processes train on the CPU over gloo.
+# processes train on the CPU over gloo, --fast and --no-fast alike, with the
+# wrapper settings of stock (fast_parallel.launch.init_cpu_distributed).
 CONFIG=$1
 GPUS=$2
 NNODES=${NNODES:-1}

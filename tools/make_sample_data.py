@@ -10,8 +10,10 @@ cores, most of it mmdet3d's converter.
 
 Writes, from ``--seed`` alone:
 
-* ``OUT/coco/``: ``train2017/`` and ``val2017/`` JPEGs (128..160 px, filled
-  rectangles and ellipses of four COCO categories on noisy backgrounds) and
+* ``OUT/coco/``: ``train2017/`` and ``val2017/`` JPEGs (width and height
+  drawn independently, 128..160 px: landscape and portrait images mix, which
+  mmdet's ``AspectRatioBatchSampler`` batches apart; filled rectangles and
+  ellipses of four COCO categories on noisy backgrounds) and
   ``annotations/instances_{train,val}2017.json`` with the 80 real COCO
   categories (mmdet's ``CocoDataset`` class names, standard COCO ids), boxes
   that match the drawn shapes, polygon masks, mask areas, ``iscrowd=0``.

@@ -8,17 +8,18 @@ Usage:
 Trains N iterations twice from the same seed with deterministic settings:
 the stock path (pseudo_collate, mmengine's own wrapping) and the fast path
 (packed batches, FastDataParallel / FastDistributedDataParallel). CONFIG may
-have the fast path on or off: each run switches it itself. Prints every loss
-term of every iteration, the gradient norm before every optimizer step, a
-checksum of all parameters after N iterations and, with --eval, both sets of
-validation metrics. Exits 0 only when all are identical (or within --atol).
+have the fast path on or off: each run switches it itself. Prints the
+training order (the sample ids of every batch, img_id / sample_idx, and the
+first iteration where the runs' batches differ), every loss term of every
+iteration, the gradient norm before every optimizer step, a checksum of all
+parameters after N iterations and, with --eval, both sets of validation
+metrics. Exits 0 only when all are identical (or within --atol; the order
+must be identical).
 --fast-hooks adds hooks (registered types) to the fast run only: to debug,
 or to check that the checker catches a change.
 """
 import argparse
-import contextlib
 import json
-import os
 import os.path as osp
 import sys
 
@@ -28,8 +29,7 @@ from mmengine.config import Config, DictAction  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import fast_parallel  # noqa: E402,F401
-from fast_parallel.parity import (PATHS, compare, format_table,  # noqa: E402
-                                  parity_config, run_once)
+from fast_parallel.parity import format_table, run_parity  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -68,35 +68,39 @@ def main(argv=None) -> int:
         cfg.merge_from_dict(args.cfg_options)
     name = osp.splitext(osp.basename(args.config))[0]
     work_dir = args.work_dir or osp.join('work_dirs', 'parity', name)
-    records = {}
     with tqdm(total=2 * args.iters, desc=f'parity {name}', unit='iter',
               file=sys.stderr) as bar:
-        for path in PATHS:
-            bar.set_postfix_str(path)
-            run_cfg = parity_config(cfg, path, args.iters, args.eval,
-                                    work_dir, args.seed, args.deterministic,
-                                    args.fast_hooks)
-            # The runs' own output (logs, warnings, COCO tables) goes to a
-            # file; the progress bar keeps the terminal.
-            os.makedirs(run_cfg.work_dir, exist_ok=True)
-            log = osp.join(run_cfg.work_dir, 'output.log')
-            with open(log, 'w') as f, contextlib.redirect_stdout(f), \
-                    contextlib.redirect_stderr(f):
-                records[path] = run_once(run_cfg, progress=bar.update)
-    rows = compare(records['stock'], records['fast'], args.atol)
-    ok = all(r['same'] for r in rows)
+
+        def tick(path: str) -> None:
+            bar.set_postfix_str(path, refresh=False)
+            bar.update()
+
+        # The runs' own output (logs, warnings, COCO tables) goes to
+        # WORK_DIR/{stock,fast}/output.log; the progress bar keeps the
+        # terminal.
+        result = run_parity(cfg, args.iters, args.eval, work_dir, args.seed,
+                            args.deterministic, args.fast_hooks, args.atol,
+                            progress=tick)
+    rows, ok, order = result['rows'], result['ok'], result['order']
     print(f'\n## parity: {name}, {args.iters} iterations'
           f'{" + validation" if args.eval else ""}, atol={args.atol:g}\n')
     print(format_table(rows))
     different = sum(not r['same'] for r in rows)
-    print(f'\nresult: {"IDENTICAL" if ok else "DIFFERENT"} '
+    print(f'\ntraining order: '
+          f'{"IDENTICAL" if order["same"] else "DIFFERENT"} '
+          f'({order["detail"]})')
+    if not order['same']:
+        print('  the runs trained on different batches, so the loss, '
+              'gradient and parameter rows compare different things')
+    print(f'result: {result["verdict"]} '
           f'({len(rows) - different}/{len(rows)} values match); the runs\' '
           f'logs are in {work_dir}/{{stock,fast}}/output.log')
     if args.out:
         report = dict(config=args.config, iters=args.iters, eval=args.eval,
-                      atol=args.atol, seed=args.seed, ok=ok, rows=rows,
+                      atol=args.atol, seed=args.seed, ok=ok,
+                      verdict=result['verdict'], order=order, rows=rows,
                       **{p: {k: v for k, v in r.items() if k != 'params'}
-                         for p, r in records.items()})
+                         for p, r in result['records'].items()})
         with open(args.out, 'w') as f:
             json.dump(report, f, indent=1)
     return 0 if ok else 1

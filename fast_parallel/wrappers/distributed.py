@@ -29,10 +29,15 @@ class FastDistributedDataParallel(TransferMixin, MMDistributedDataParallel):
         module (nn.Module): The model.
         detect_anomalous_params (bool): See ``MMDistributedDataParallel``.
             Defaults to False.
-        **kwargs: Passed to ``DistributedDataParallel``. ``device_ids`` is
-            dropped for a model on the CPU (the Runner always passes
-            ``[LOCAL_RANK]``, which DDP refuses for CPU modules), so gloo
-            runs on CPU work.
+        **kwargs: Passed to ``DistributedDataParallel``; DDP's own defaults
+            otherwise (as for a config-named ``MMDistributedDataParallel``:
+            ``broadcast_buffers=True``, ``find_unused_parameters=False``).
+            ``device_ids`` is dropped for a model on the CPU (the Runner
+            passes ``[LOCAL_RANK]``, which DDP refuses for CPU modules), so
+            a config naming this wrapper also trains under gloo on the CPU
+            when the Runner is built without ``fast_parallel.launch`` (the
+            tools give both paths ``device_ids=None`` themselves, see
+            :func:`~fast_parallel.launch.init_cpu_distributed`).
     """
 
     def __init__(self,

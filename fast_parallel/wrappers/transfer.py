@@ -98,7 +98,8 @@ class TransferMixin:
             pinned = device.type != 'cpu' and all(
                 b.is_pinned() for b in data.buffers.values())
             moved = data.to(device, non_blocking=pinned)
-            copies = moved.num_copies if moved.device != _device_of(
+            # Buffers' devices, not the requested one ('cuda' vs 'cuda:0').
+            copies = moved.num_copies if _device_of(moved) != _device_of(
                 data) else 0
             nbytes = moved.nbytes if copies else 0
             data = moved.unpack()

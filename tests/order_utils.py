@@ -1,0 +1,247 @@
+"""Real mmengine runs that record the batches ``train_step`` received.
+
+Shared by the batch-order tests (``test_sampler_order.py``) and the resume
+tests (``test_resume_epoch.py``): real COCO / COCO-VID annotation files of
+mixed orientation, real mmdet datasets, pipelines and samplers, mmengine's
+Runner and loops, and a one-parameter model (the batches are under test).
+"""
+import copy
+import json
+import uuid
+from typing import Any, Dict, List, Optional
+
+import torch
+from helpers import assert_same_tree
+from mmengine.hooks import Hook
+from mmengine.model import BaseModel
+from mmengine.runner import Runner
+
+import fast_parallel  # noqa: F401  (registers FastParallelHook)
+from fast_parallel import PackedBatch
+
+NUM_IMAGES = 16  # 8 batches of 2 per epoch; 2 workers prefetch 4
+PORTRAIT = {1, 2, 5, 8, 9, 12, 13}  # mixed orientation, no pattern
+ITERS = 7  # > prefetch, inside one pass over the data
+
+
+class OneParameter(BaseModel):
+    """The smallest mmengine model: the loss is its one parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, *args: Any, mode: str = 'loss', **kwargs: Any):
+        return dict(loss=self.w.sum())
+
+
+class BatchRecorder(Hook):
+    """Keeps a copy of every training batch and whether it came packed."""
+
+    priority = 'LOWEST'
+
+    def __init__(self) -> None:
+        self.batches: List[Any] = []
+        self.packed = 0
+
+    def before_train_iter(self, runner, batch_idx: int,
+                          data_batch=None) -> None:
+        if isinstance(data_batch, PackedBatch):
+            self.packed += 1
+            data_batch = data_batch.unpack()
+        # Packed leaves are views into reused buffers: keep a copy.
+        self.batches.append(copy.deepcopy(data_batch))
+
+
+def batch_ids(batch: Any) -> list:
+    """The sample identities of one collated batch, in order."""
+    ids = []
+    for sample in batch['data_samples']:
+        frames = getattr(sample, 'video_data_samples', None)  # tracking
+        ids.append(sample.metainfo['img_id'] if frames is None else tuple(
+            f.metainfo['img_id'] for f in frames))
+    return ids
+
+
+# --------------------------------------------------------------------------
+# Real annotation files: COCO images and COCO-VID videos.
+# --------------------------------------------------------------------------
+def _coco(images: List[dict]) -> dict:
+    anns = []
+    for img in images:
+        for k in range(1 + img['id'] % 3):
+            anns.append(
+                dict(id=len(anns) + 1, image_id=img['id'],
+                     category_id=1 + (img['id'] + k) % 2,
+                     bbox=[2.0 + k, 3.0, 10.0 + img['id'], 12.0], area=120.0,
+                     iscrowd=0, instance_id=k))
+    return dict(images=images, annotations=anns,
+                categories=[dict(id=1, name='a'), dict(id=2, name='b')])
+
+
+def _image(i: int) -> dict:
+    w, h = (48, 64) if i % NUM_IMAGES in PORTRAIT else (64, 48)
+    return dict(id=i, file_name=f'{i:04d}.jpg', width=w, height=h)
+
+
+def _frame(video: int, frame: int) -> dict:
+    w, h = (48, 64) if video in (1, 2) else (64, 48)
+    i = video * 4 + frame + 1
+    return dict(id=i, file_name=f'v{video}/{frame}.jpg', width=w, height=h,
+                video_id=video + 1, frame_id=frame)
+
+
+def write_ann_files(root) -> Dict[str, str]:
+    """Two COCO sets (16 and 8 images) and one COCO-VID set (4 x 4)."""
+    sets = {
+        'coco_a': _coco([_image(i) for i in range(1, NUM_IMAGES + 1)]),
+        'coco_b': _coco([_image(i) for i in range(101, 109)]),
+        'video': _coco([_frame(v, f) for v in range(4) for f in range(4)]),
+    }
+    out = {}
+    for name, content in sets.items():
+        out[name] = str(root / f'{name}.json')
+        with open(out[name], 'w') as f:
+            json.dump(content, f)
+    return out
+
+
+def _coco_dataset(ann_file: str) -> dict:
+    return dict(
+        type='CocoDataset', ann_file=ann_file, data_root='',
+        data_prefix=dict(img=''),
+        metainfo=dict(classes=('a', 'b')), filter_cfg=None,
+        pipeline=[
+            dict(type='LoadAnnotations', with_bbox=True),
+            dict(type='PackDetInputs', meta_keys=('img_id', ))
+        ])
+
+
+def _concat(files: Dict[str, str]) -> dict:
+    return dict(type='ConcatDataset', datasets=[
+        _coco_dataset(files['coco_a']), _coco_dataset(files['coco_b'])])
+
+
+def _video(files: Dict[str, str]) -> dict:
+    return dict(type='BaseVideoDataset', ann_file=files['video'],
+                data_root='', metainfo=dict(classes=('a', 'b')),
+                pipeline=[
+                    dict(type='UniformRefFrameSample', num_ref_imgs=1,
+                         frame_range=2, filter_key_img=True),
+                    dict(type='TransformBroadcaster',
+                         transforms=[dict(type='LoadTrackAnnotations')]),
+                    dict(type='PackTrackInputs')
+                ])
+
+
+#: Per sampler class: dataset, sampler, batch sampler; loops it runs in
+#: (infinite samplers never end an epoch, so they run in iteration loops).
+CASES: Dict[str, dict] = {
+    'DefaultSampler': dict(
+        dataset=lambda f: _coco_dataset(f['coco_a']),
+        sampler=dict(type='DefaultSampler', shuffle=True)),
+    'InfiniteSampler': dict(
+        dataset=lambda f: _coco_dataset(f['coco_a']),
+        sampler=dict(type='InfiniteSampler', shuffle=True),
+        loops=('iter', )),
+    'AspectRatioBatchSampler': dict(
+        dataset=lambda f: _coco_dataset(f['coco_a']),
+        sampler=dict(type='DefaultSampler', shuffle=True),
+        batch_sampler=dict(type='AspectRatioBatchSampler')),
+    'ClassAwareSampler': dict(
+        dataset=lambda f: _coco_dataset(f['coco_a']),
+        sampler=dict(type='ClassAwareSampler', num_sample_class=1)),
+    'MultiSourceSampler': dict(
+        dataset=_concat,
+        sampler=dict(type='MultiSourceSampler', batch_size=2,
+                     source_ratio=[1, 1]),
+        loops=('iter', )),
+    'GroupMultiSourceSampler': dict(
+        dataset=_concat,
+        sampler=dict(type='GroupMultiSourceSampler', batch_size=2,
+                     source_ratio=[1, 1]),
+        loops=('iter', )),
+    'CustomSampleSizeSampler': dict(
+        dataset=_concat,
+        sampler=dict(type='CustomSampleSizeSampler', dataset_size=[-1, 4])),
+    'MultiDataSampler': dict(
+        dataset=_concat,
+        sampler=dict(type='MultiDataSampler', dataset_ratio=[1, 2])),
+    'MultiDataAspectRatioBatchSampler': dict(
+        dataset=_concat,
+        sampler=dict(type='DefaultSampler', shuffle=True),
+        batch_sampler=dict(type='MultiDataAspectRatioBatchSampler',
+                           batch_size=[2, 2], num_datasets=2)),
+    'TrackImgSampler': dict(
+        dataset=_video, sampler=dict(type='TrackImgSampler')),
+    'TrackAspectRatioBatchSampler': dict(
+        dataset=_video,
+        sampler=dict(type='TrackImgSampler'),
+        batch_sampler=dict(type='TrackAspectRatioBatchSampler')),
+}
+
+#: Samplers whose iteration draws from the main process's global random
+#: state: with workers the hook cannot restart them exactly, so they stay
+#: on the stock path (with a warning) and must still train on stock's
+#: batches.
+STOCK_WITH_WORKERS = {'GroupMultiSourceSampler'}
+
+
+def train(files: Dict[str, str], work_dir, case: str, loop: str,
+          workers: int, fast: bool, persistent: bool = True,
+          iters: int = ITERS, epochs: int = 2, seed: Optional[int] = 7,
+          resume_from: Optional[str] = None,
+          checkpoints: bool = False) -> BatchRecorder:
+    """Trains the one-parameter model; returns what the batches were.
+
+    Args:
+        files (dict): From :func:`write_ann_files`.
+        work_dir: The run's work dir.
+        case (str): A key of :data:`CASES`.
+        loop (str): 'iter' or 'epoch'.
+        workers (int): DataLoader workers.
+        fast (bool): With ``FastParallelHook`` and ``ExactResumeHook``.
+        persistent (bool): ``persistent_workers`` when there are workers.
+        iters (int): Iterations of an iteration loop.
+        epochs (int): Epochs of an epoch loop.
+        seed (int, optional): ``randomness.seed``; None draws one.
+        resume_from (str, optional): A checkpoint to resume from.
+        checkpoints (bool): Write a checkpoint every epoch / iteration.
+
+    Returns:
+        BatchRecorder: The batches, in training order.
+    """
+    spec = CASES[case]
+    loader = dict(
+        dataset=spec['dataset'](files), sampler=spec['sampler'],
+        batch_size=2, num_workers=workers,
+        persistent_workers=persistent and workers > 0)
+    if 'batch_sampler' in spec:
+        loader['batch_sampler'] = spec['batch_sampler']
+    train_cfg = dict(type='IterBasedTrainLoop', max_iters=iters) \
+        if loop == 'iter' else dict(type='EpochBasedTrainLoop',
+                                    max_epochs=epochs)
+    recorder = BatchRecorder()
+    hooks: List[Any] = [dict(type='FastParallelHook'),
+                        dict(type='ExactResumeHook')] if fast else []
+    checkpoint = dict(type='CheckpointHook', interval=1,
+                      by_epoch=loop == 'epoch') if checkpoints else None
+    runner = Runner(
+        model=OneParameter(), work_dir=str(work_dir),
+        experiment_name=f'order_{uuid.uuid4().hex}',
+        train_dataloader=loader, train_cfg=train_cfg,
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
+        default_hooks=dict(checkpoint=checkpoint,
+                           logger=dict(type='LoggerHook', interval=1000)),
+        custom_hooks=hooks + [recorder], randomness=dict(seed=seed),
+        default_scope='mmdet', log_level='WARNING',
+        load_from=resume_from, resume=resume_from is not None)
+    runner.train()
+    return recorder
+
+
+def assert_same_batches(stock: BatchRecorder, fast: BatchRecorder) -> None:
+    stock_ids = [batch_ids(b) for b in stock.batches]
+    fast_ids = [batch_ids(b) for b in fast.batches]
+    assert fast_ids == stock_ids, f'stock {stock_ids}\nfast  {fast_ids}'
+    assert_same_tree(stock.batches, fast.batches)
