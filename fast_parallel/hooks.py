@@ -10,8 +10,10 @@ from mmengine.registry import HOOKS
 from mmengine.runner import BaseLoop
 from torch.utils.data import DataLoader
 
-from .collate import PackedCollate, is_packed_collate
+from .collate import (PackedCollate, is_packed_collate,
+                      reporting_worker_states)
 from .loader import make_fast
+from .resume import needs_worker_states
 from .restart import (LOADER_CONFIGS, rebuild_started, sampler_names,
                       started_iterators)
 from .wrappers import FastDataParallel, FastDistributedDataParallel
@@ -20,15 +22,21 @@ from .wrappers.data_parallel import module_device
 FAST_WRAPPERS = (FastDataParallel, FastDistributedDataParallel)
 
 
-def prepare_loader(loader: DataLoader, pin: bool) -> None:
+def prepare_loader(loader: DataLoader, pin: bool,
+                   worker_states: bool = False) -> None:
     """Puts the fast data path into a DataLoader whose iterator has not
     started: packed collate, :class:`FastDataLoader`, pinned memory.
 
     Args:
         loader (DataLoader): The DataLoader, changed in place.
         pin (bool): Turn ``pin_memory`` on (only where CUDA is available).
+        worker_states (bool): Make the packed collate function report its
+            workers' random states (``ExactResumeHook`` keeps them).
+            Defaults to False.
     """
-    if not is_packed_collate(loader.collate_fn):
+    if worker_states:
+        loader.collate_fn = reporting_worker_states(loader.collate_fn)
+    elif not is_packed_collate(loader.collate_fn):
         loader.collate_fn = PackedCollate(loader.collate_fn)
     make_fast(loader)
     if pin and torch.cuda.is_available() and not loader.pin_memory:
@@ -55,7 +63,10 @@ class FastParallelHook(Hook):
       :class:`~fast_parallel.PackedCollate` and makes the DataLoader a
       :class:`~fast_parallel.loader.FastDataLoader` (no per-batch profiler
       scope while no profiler runs);
-    - turns ``pin_memory`` on where the model is on a GPU.
+    - turns ``pin_memory`` on where the model is on a GPU;
+    - in an ``EpochBasedTrainLoop`` with persistent workers, has the train
+      batches carry their worker's random states, which ``ExactResumeHook``
+      needs for an exact resume (:mod:`fast_parallel.resume`).
 
     The batches stay stock's, in stock's order: a DataLoader whose iterator
     has not started yet changes in place; one that has (``IterBasedTrainLoop``
@@ -126,16 +137,24 @@ class FastParallelHook(Hook):
         starts it when built; its workers have prefetched) is built again
         from its config (:mod:`fast_parallel.restart`); where that cannot be
         exact the loop stays on the stock path, with a warning.
+
+        The train loader of an epoch-based loop with persistent workers
+        gets a collate function that reports its workers' random states
+        (:func:`~fast_parallel.resume.needs_worker_states`).
         """
         loader = loop.dataloader
+        # Only an epoch loop with persistent workers needs the workers'
+        # random states for an exact resume (see fast_parallel.resume).
+        states = name == 'train' and needs_worker_states(loop)
         started = started_iterators(loop, loader)
         if not started:
-            prepare_loader(loader, pin)
+            prepare_loader(loader, pin, worker_states=states)
             return
         if is_packed_collate(loader.collate_fn):
             return  # packed by its config from the start
-        why = rebuild_started(runner, loop, cfg,
-                              partial(prepare_loader, pin=pin))
+        why = rebuild_started(
+            runner, loop, cfg,
+            partial(prepare_loader, pin=pin, worker_states=states))
         if why is not None:
             runner.logger.warning(
                 f'FastParallelHook: the {name} DataLoader '

@@ -345,10 +345,16 @@ class PackedBatch:
         moved (bool): Whether ``to`` has copied the buffers to another
             device than the one the leaves were packed on. Defaults to
             False.
+        worker_states (tuple, optional): ``(worker id, random states)`` of
+            the DataLoader worker that made the batch, right after making
+            it, where the collate function was asked to report them
+            (:class:`~fast_parallel.PackedCollate`'s ``worker_states``;
+            ``ExactResumeHook`` keeps them for epoch-based resumes).
+            Defaults to None.
     """
 
     __slots__ = ('buffers', 'layout', 'skeleton', 'device', 'non_blocking',
-                 'ticket', 'moved')
+                 'ticket', 'moved', 'worker_states')
 
     def __init__(self,
                  buffers: Dict[torch.dtype, torch.Tensor],
@@ -357,7 +363,8 @@ class PackedBatch:
                  device: Optional[torch.device] = None,
                  non_blocking: bool = False,
                  ticket: Optional[Any] = None,
-                 moved: bool = False) -> None:
+                 moved: bool = False,
+                 worker_states: Optional[Tuple[int, dict]] = None) -> None:
         self.buffers = buffers
         self.layout = layout
         self.skeleton = skeleton
@@ -366,17 +373,19 @@ class PackedBatch:
         # A worker-side RingTicket when the buffers live in a shared slot.
         self.ticket = ticket
         self.moved = moved
+        self.worker_states = worker_states
 
     def __getstate__(self) -> tuple:
         if self.ticket is not None:  # the slot's storages, or just its key
             return (None, self.layout, self.skeleton, self.device,
-                    self.non_blocking, self.moved, self.ticket.payload())
+                    self.non_blocking, self.moved, self.worker_states,
+                    self.ticket.payload())
         return (self.buffers, self.layout, self.skeleton, self.device,
-                self.non_blocking, self.moved, None)
+                self.non_blocking, self.moved, self.worker_states, None)
 
     def __setstate__(self, state: tuple) -> None:
         (self.buffers, self.layout, self.skeleton, self.device,
-         self.non_blocking, self.moved, ring) = state
+         self.non_blocking, self.moved, self.worker_states, ring) = state
         self.ticket = None
         if ring is not None:
             from .ring import receive
@@ -401,7 +410,8 @@ class PackedBatch:
                  device: Optional[torch.device], non_blocking: bool,
                  moved: bool) -> 'PackedBatch':
         return PackedBatch(buffers, self.layout, self.skeleton, device,
-                           non_blocking, moved=moved)
+                           non_blocking, moved=moved,
+                           worker_states=self.worker_states)
 
     def pin_memory(self, device: Optional[DeviceLike] = None) -> 'PackedBatch':
         """Pins the buffers (the DataLoader's pin-memory thread calls this).

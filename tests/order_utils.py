@@ -6,7 +6,9 @@ mixed orientation, real mmdet datasets, pipelines and samplers, mmengine's
 Runner and loops, and a one-parameter model (the batches are under test).
 """
 import copy
+import hashlib
 import json
+import pickle
 import uuid
 from typing import Any, Dict, List, Optional
 
@@ -18,6 +20,8 @@ from mmengine.runner import Runner
 
 import fast_parallel  # noqa: F401  (registers FastParallelHook)
 from fast_parallel import PackedBatch
+from fast_parallel.restart import started_iterators
+from fast_parallel.resume import random_states
 
 NUM_IMAGES = 16  # 8 batches of 2 per epoch; 2 workers prefetch 4
 PORTRAIT = {1, 2, 5, 8, 9, 12, 13}  # mixed orientation, no pattern
@@ -35,19 +39,35 @@ class OneParameter(BaseModel):
         return dict(loss=self.w.sum())
 
 
+def states_digest() -> str:
+    """A digest of the main process's random states (Python, NumPy, torch).
+    """
+    states = random_states()
+    states['torch'] = states['torch'].numpy().tobytes()
+    states['numpy'] = (states['numpy'][1].tobytes(), ) + states['numpy'][2:]
+    return hashlib.sha1(pickle.dumps(
+        (states['python'], states['numpy'], states['torch']))).hexdigest()
+
+
 class BatchRecorder(Hook):
-    """Keeps a copy of every training batch and whether it came packed."""
+    """Keeps a copy of every training batch, whether it came packed (and
+    with its worker's random states), and the main process's random states
+    as each iteration starts."""
 
     priority = 'LOWEST'
 
     def __init__(self) -> None:
         self.batches: List[Any] = []
+        self.states: List[str] = []
         self.packed = 0
+        self.with_worker_states = 0
 
     def before_train_iter(self, runner, batch_idx: int,
                           data_batch=None) -> None:
+        self.states.append(states_digest())
         if isinstance(data_batch, PackedBatch):
             self.packed += 1
+            self.with_worker_states += data_batch.worker_states is not None
             data_batch = data_batch.unpack()
         # Packed leaves are views into reused buffers: keep a copy.
         self.batches.append(copy.deepcopy(data_batch))
@@ -191,7 +211,8 @@ def train(files: Dict[str, str], work_dir, case: str, loop: str,
           workers: int, fast: bool, persistent: bool = True,
           iters: int = ITERS, epochs: int = 2, seed: Optional[int] = 7,
           resume_from: Optional[str] = None,
-          checkpoints: bool = False) -> BatchRecorder:
+          checkpoints: bool = False,
+          exact_first: bool = False) -> BatchRecorder:
     """Trains the one-parameter model; returns what the batches were.
 
     Args:
@@ -207,6 +228,8 @@ def train(files: Dict[str, str], work_dir, case: str, loop: str,
         seed (int, optional): ``randomness.seed``; None draws one.
         resume_from (str, optional): A checkpoint to resume from.
         checkpoints (bool): Write a checkpoint every epoch / iteration.
+        exact_first (bool): List ``ExactResumeHook`` before
+            ``FastParallelHook`` (both VERY_HIGH: it runs first).
 
     Returns:
         BatchRecorder: The batches, in training order.
@@ -224,6 +247,8 @@ def train(files: Dict[str, str], work_dir, case: str, loop: str,
     recorder = BatchRecorder()
     hooks: List[Any] = [dict(type='FastParallelHook'),
                         dict(type='ExactResumeHook')] if fast else []
+    if exact_first:
+        hooks.reverse()
     checkpoint = dict(type='CheckpointHook', interval=1,
                       by_epoch=loop == 'epoch') if checkpoints else None
     runner = Runner(
@@ -237,6 +262,14 @@ def train(files: Dict[str, str], work_dir, case: str, loop: str,
         default_scope='mmdet', log_level='WARNING',
         load_from=resume_from, resume=resume_from is not None)
     runner.train()
+    # Workers still running (persistent ones, infinite samplers) would stop
+    # only when garbage collection reaches the loader, where torch's join
+    # waits 5 s per worker: stop them now.
+    loop = runner.train_loop
+    for holder, attr in started_iterators(loop, loop.dataloader):
+        it = getattr(holder, attr)
+        if hasattr(it, '_shutdown_workers'):
+            it._shutdown_workers()
     return recorder
 
 

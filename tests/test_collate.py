@@ -1,4 +1,7 @@
 """fast_parallel/collate.py on real mmdet / mmdet3d packed samples."""
+import random
+
+import numpy as np
 import pytest
 import torch
 from helpers import assert_same_tree, tensor_layouts
@@ -10,6 +13,9 @@ from mmengine.structures import InstanceData
 from torch.utils.data import DataLoader, Dataset
 
 from fast_parallel import PackedBatch, PackedCollate, packed_collate
+from fast_parallel.collate import reporting_worker_states
+from fast_parallel.resume import random_states, set_random_states
+from fast_parallel.ring import DEFAULT_RING, SharedRing
 from fast_parallel.synthetic import pointpillars_samples, yolox_samples
 
 SHAPES = {
@@ -162,6 +168,54 @@ def test_packed_collate_is_registered_and_wraps_other_collates():
     assert_same_tree(PackedCollate(dict(type='default_collate'))(samples)
                      .unpack(), default_collate(samples))
     assert packed_collate([]).unpack() == []
+
+
+class RandomSet(Dataset):
+    """Each sample draws from Python's, NumPy's and torch's global state."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> dict:
+        return dict(py=random.random(), np=float(np.random.rand()),
+                    pt=torch.rand(2))
+
+
+@pytest.mark.parametrize('ring', [DEFAULT_RING, None],
+                         ids=['ring', 'fresh'])
+def test_worker_states_are_those_after_each_batch(ring):
+    loader = DataLoader(RandomSet(), batch_size=3, num_workers=2,
+                        collate_fn=PackedCollate(ring=ring,
+                                                 worker_states=True))
+    batches = list(loader)
+    assert [b.worker_states[0] for b in batches] == [0, 1, 0, 1]
+    saved = random_states()
+    try:
+        # a worker's states after batch k make its next batch, k + 2
+        for k in range(2):
+            set_random_states(batches[k].worker_states[1])
+            made = pseudo_collate([RandomSet()[0] for _ in range(3)])
+            assert_same_tree(made, batches[k + 2].unpack())
+    finally:
+        set_random_states(saved)
+    # off by default, and nothing to report outside a worker
+    assert list(DataLoader(RandomSet(), batch_size=3, num_workers=1,
+                           collate_fn=PackedCollate()))[0].worker_states \
+        is None
+    assert PackedCollate(worker_states=True)([RandomSet()[0]]) \
+        .worker_states is None
+
+
+def test_reporting_worker_states_keeps_the_collate():
+    fn = reporting_worker_states(packed_collate)
+    assert fn.worker_states and fn.inner is pseudo_collate
+    ring = SharedRing()
+    other = PackedCollate(default_collate, ring=ring)
+    fn = reporting_worker_states(other)
+    assert fn is not other and not other.worker_states
+    assert fn.inner is default_collate and fn.ring is ring
+    assert reporting_worker_states(fn) is fn
+    assert reporting_worker_states(default_collate).inner is default_collate
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')

@@ -183,6 +183,18 @@ def test_unpacked_elements_do_not_share_field_sets():
     assert 'b' not in packed.unpack()[0].metainfo_keys()
 
 
+def test_worker_states_travel_with_the_batch():
+    packed = pack({'x': torch.arange(4.)})
+    assert packed.worker_states is None
+    states = (1, dict(python=(3, (1, 2), None), torch=b'\x01'))
+    packed.worker_states = states
+    for out in (pickle.loads(pickle.dumps(packed)), packed.to(CPU),
+                packed.to(META)):
+        assert out.worker_states == states
+    if torch.cuda.is_available():
+        assert packed.pin_memory().worker_states == states
+
+
 # ------------------------------------------------------------- strides
 # Each leaf kind as a function of ``rand(*shape)``; stock keeps every one of
 # them as it is on its own device (``Tensor.to`` returns the tensor itself).
