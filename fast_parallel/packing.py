@@ -351,10 +351,17 @@ class PackedBatch:
             (:class:`~fast_parallel.PackedCollate`'s ``worker_states``;
             ``ExactResumeHook`` keeps them for epoch-based resumes).
             Defaults to None.
+        pinned (bool): Whether the buffers are known to be page-locked:
+            True only where this batch's maker pinned them (``pack(...,
+            pin_memory=True)`` on the CPU, :meth:`pin_memory`). Readers
+            (``move_batch``) trust it instead of asking the driver
+            (``Tensor.is_pinned`` is a CUDA driver query, ~1 ms on a busy
+            GPU). False never gives wrong numbers, only a blocking copy or
+            one more pinning copy. Defaults to False.
     """
 
     __slots__ = ('buffers', 'layout', 'skeleton', 'device', 'non_blocking',
-                 'ticket', 'moved', 'worker_states')
+                 'ticket', 'moved', 'worker_states', 'pinned')
 
     def __init__(self,
                  buffers: Dict[torch.dtype, torch.Tensor],
@@ -364,7 +371,8 @@ class PackedBatch:
                  non_blocking: bool = False,
                  ticket: Optional[Any] = None,
                  moved: bool = False,
-                 worker_states: Optional[Tuple[int, dict]] = None) -> None:
+                 worker_states: Optional[Tuple[int, dict]] = None,
+                 pinned: bool = False) -> None:
         self.buffers = buffers
         self.layout = layout
         self.skeleton = skeleton
@@ -374,6 +382,7 @@ class PackedBatch:
         self.ticket = ticket
         self.moved = moved
         self.worker_states = worker_states
+        self.pinned = pinned
 
     def __getstate__(self) -> tuple:
         if self.ticket is not None:  # the slot's storages, or just its key
@@ -387,6 +396,11 @@ class PackedBatch:
         (self.buffers, self.layout, self.skeleton, self.device,
          self.non_blocking, self.moved, self.worker_states, ring) = state
         self.ticket = None
+        # Unpickled buffers are never page-locked: torch rebuilds a pickled
+        # tensor in fresh memory, and its multiprocessing reduction moves
+        # it to shared memory (as the ring's storages are). So the flag is
+        # not part of the state; a later ``pin_memory`` pins again.
+        self.pinned = False
         if ring is not None:
             from .ring import receive
             self.buffers = receive(ring)
@@ -408,24 +422,37 @@ class PackedBatch:
 
     def _replace(self, buffers: Dict[torch.dtype, torch.Tensor],
                  device: Optional[torch.device], non_blocking: bool,
-                 moved: bool) -> 'PackedBatch':
+                 moved: bool, pinned: bool) -> 'PackedBatch':
         return PackedBatch(buffers, self.layout, self.skeleton, device,
                            non_blocking, moved=moved,
-                           worker_states=self.worker_states)
+                           worker_states=self.worker_states, pinned=pinned)
 
     def pin_memory(self, device: Optional[DeviceLike] = None) -> 'PackedBatch':
         """Pins the buffers (the DataLoader's pin-memory thread calls this).
+
+        Whether the buffers are pinned already comes from :attr:`pinned`,
+        not from the driver: a batch packed with ``pin_memory=True`` (or
+        pinned before) is returned as it is, any other one (fresh or
+        shared-memory ring buffers from a worker) gets its buffers copied
+        into page-locked memory, and the result says so in
+        :attr:`pinned`. ``Tensor.pin_memory`` would ask the driver first.
 
         Args:
             device: Ignored; accepted for ``torch.utils.data`` compatibility.
 
         Returns:
-            PackedBatch: The same batch with page-locked buffers.
+            PackedBatch: The batch with page-locked buffers (``self`` when
+            they are already).
+
+        Raises:
+            RuntimeError: A buffer is not on the CPU, or no pinned-memory
+                allocator exists (a CPU-only build of torch).
         """
-        pinned = {dt: b if b.is_pinned() else b.pin_memory()
-                  for dt, b in self.buffers.items()}
+        if self.pinned:
+            return self
+        pinned = {dt: _pinned_copy(b) for dt, b in self.buffers.items()}
         return self._replace(pinned, self.device, self.non_blocking,
-                             self.moved)
+                             self.moved, pinned=True)
 
     def to(self,
            device: DeviceLike,
@@ -456,8 +483,10 @@ class PackedBatch:
         # current index, as it does for the buffers here) and copies it
         # otherwise. The buffers were copied iff their device changed.
         crossed = source is not None and _device_of(moved) != source
+        # Uncrossed, the buffers are the same tensors: pinned as before.
         return self._replace(moved, device, non_blocking,
-                             self.moved or crossed)
+                             self.moved or crossed,
+                             pinned=self.pinned and not crossed)
 
     def _has_undense_leaves(self) -> bool:
         return any(entry[5] is not None for entry in self.layout)
@@ -500,6 +529,29 @@ def _device_of(buffers: Dict[torch.dtype, torch.Tensor]
     for buf in buffers.values():
         return buf.device
     return None
+
+
+def _pinned_copy(buffer: torch.Tensor) -> torch.Tensor:
+    """A page-locked copy of a CPU buffer, without asking the driver.
+
+    What ``Tensor.pin_memory`` does after its ``is_pinned`` query: a tensor
+    from the pinned-memory allocator, then a host copy (same bytes).
+
+    Args:
+        buffer (Tensor): A 1-D CPU buffer.
+
+    Returns:
+        Tensor: Its page-locked copy.
+
+    Raises:
+        RuntimeError: The buffer is not on the CPU.
+    """
+    if buffer.device.type != 'cpu':
+        raise RuntimeError(
+            f'cannot pin a buffer on {buffer.device}: only CPU buffers can '
+            'be pinned')
+    out = torch.empty(buffer.shape, dtype=buffer.dtype, pin_memory=True)
+    return out.copy_(buffer)
 
 
 def _dense_copy(view: torch.Tensor, stride: Tuple[int, ...]) -> torch.Tensor:
@@ -665,6 +717,7 @@ def pack(tree: Any, pin_memory: bool = False,
     buffers = None
     if allocate is not None and device.type == 'cpu':
         buffers = allocate(sizes)
+    pin = False  # shared ring buffers are pageable
     if buffers is None:
         pin = pin_memory and device.type == 'cpu'
         buffers = {
@@ -672,4 +725,4 @@ def pack(tree: Any, pin_memory: bool = False,
             for dt, n in sizes.items()
         }
     _fill(buffers, leaves, layout, runs)
-    return PackedBatch(buffers, layout, skeleton)
+    return PackedBatch(buffers, layout, skeleton, pinned=pin)

@@ -234,6 +234,52 @@ def params_checksum(model: torch.nn.Module) -> Dict[str, Any]:
     return dict(sha256=digest.hexdigest(), sum=total, tensors=n)
 
 
+def tree_checksum(tree: Any) -> Optional[str]:
+    """SHA-256 of a nested state (dicts, lists, tensors, numbers), bit for bit.
+
+    Used for the optimizer's ``state_dict`` (momentum buffers, Adam moments,
+    step counts, every group's hyper-parameters) and the EMA weights.
+
+    Args:
+        tree: The state; None gives None.
+
+    Returns:
+        str | None: The hex digest.
+    """
+    if tree is None:
+        return None
+    digest = hashlib.sha256()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, torch.Tensor):
+            digest.update(_tensor_bytes(node))
+        elif isinstance(node, Mapping):
+            digest.update(b'{')
+            for key in sorted(node, key=repr):
+                digest.update(repr(key).encode())
+                walk(node[key])
+            digest.update(b'}')
+        elif isinstance(node, (list, tuple)):
+            digest.update(b'[')
+            for item in node:
+                walk(item)
+            digest.update(b']')
+        else:
+            digest.update(repr(node).encode())
+
+    walk(tree)
+    return digest.hexdigest()
+
+
+def ema_state(runner: Runner) -> Optional[dict]:
+    """The averaged weights of the run's ``EMAHook``, if it has one."""
+    from mmengine.hooks import EMAHook
+    for hook in runner.hooks:
+        if isinstance(hook, EMAHook) and hasattr(hook, 'ema_model'):
+            return hook.ema_model.state_dict()
+    return None
+
+
 def _tensor_bytes(t: torch.Tensor) -> bytes:
     """A tensor's shape, dtype and raw bytes."""
     head = f'{t.dtype}{tuple(t.shape)}'.encode()
@@ -263,6 +309,8 @@ def run_once(cfg: Config, progress: Optional[Any] = None) -> dict:
     record['iter_time'] = times.data[0].tolist() if times is not None else []
     record['batch_size'] = runner.train_dataloader.batch_size
     record['checksum'] = params_checksum(model)
+    record['optimizer'] = tree_checksum(runner.optim_wrapper.state_dict())
+    record['ema'] = tree_checksum(ema_state(runner))
     record['params'] = {
         k: v.detach().cpu().clone() for k, v in model.state_dict().items()
     }
@@ -317,6 +365,14 @@ def compare(stock: dict, fast: dict, atol: float = 0.0) -> List[dict]:
     rows.append(dict(what='params sha256', stock=sa['sha256'][:16],
                      fast=sb['sha256'][:16],
                      same=sa['sha256'] == sb['sha256']))
+    state_rows = []
+    for key, what in (('optimizer', 'optimizer state sha256'),
+                      ('ema', 'EMA weights sha256')):
+        a, b = stock.get(key), fast.get(key)
+        if a or b:
+            state_rows.append(dict(what=what, stock=(a or '-')[:16],
+                                   fast=(b or '-')[:16], same=a == b))
+    rows.extend(state_rows)
     if atol:
         diff = max((a - b).abs().max().item() if a.is_floating_point() else
                    float(not torch.equal(a, b))
@@ -324,7 +380,9 @@ def compare(stock: dict, fast: dict, atol: float = 0.0) -> List[dict]:
                                    fast['params'].values()))
         rows.append(dict(what='params max |diff|', stock=0.0, fast=diff,
                          same=diff <= atol))
-        rows[-2]['same'] = True  # bits may differ within the tolerance
+        # bits may differ within the tolerance
+        for row in [rows[-2 - len(state_rows)]] + state_rows:
+            row['same'] = True
     if stock['predictions'] or fast['predictions']:
         sa, sb = stock['predictions'], fast['predictions']
         rows.append(dict(what='val predictions sha256',

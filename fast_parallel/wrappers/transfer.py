@@ -80,6 +80,8 @@ class TransferMixin:
     def move_batch(self, data: Any, device: torch.device, mode: str) -> Any:
         """Moves a ``PackedBatch`` with one copy per buffer, then unpacks it.
 
+        The copy is non-blocking where the batch says its buffers are
+        pinned (:attr:`PackedBatch.pinned`); nothing here asks the driver.
         Anything else (e.g. plain ``pseudo_collate`` output) is returned
         as is: the model's data_preprocessor moves it as stock would, and
         the figures record what that will copy. A move to the device the
@@ -95,8 +97,10 @@ class TransferMixin:
         """
         start = time.perf_counter()
         if isinstance(data, PackedBatch):
-            pinned = device.type != 'cpu' and all(
-                b.is_pinned() for b in data.buffers.values())
+            # Known from how the batch was made (the pin thread, or
+            # ``pack(..., pin_memory=True)``): ``Tensor.is_pinned`` per
+            # buffer would be a driver query per batch.
+            pinned = device.type != 'cpu' and data.pinned
             moved = data.to(device, non_blocking=pinned)
             # Buffers' devices, not the requested one ('cuda' vs 'cuda:0').
             copies = moved.num_copies if _device_of(moved) != _device_of(

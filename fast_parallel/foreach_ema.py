@@ -1,0 +1,358 @@
+"""Multi-tensor updates for the averaged models ``EMAHook`` builds.
+
+mmengine's ``BaseAveragedModel.update_parameters`` calls the class's
+``avg_func`` once per tensor: for YOLOX's ``ExpMomentumEMA`` with
+``update_buffers=True`` that is 388 ``mul_`` + ``add_`` pairs per iteration,
+and, because ``avg_func`` is handed the ``steps`` *tensor*, a ``1 + steps``
+and a ``float()`` (a device sync where the EMA lives on a GPU) per tensor
+too. :func:`fuse_ema` gives one averaged model the same update done with
+``torch._foreach_*`` ops: one call per op over all tensors of a device and
+dtype, with ``steps`` read once.
+
+Each fused update is the stock one op for op, only batched:
+
+=============================  =============================================
+stock ``avg_func``             fused, over the list of averaged tensors
+=============================  =============================================
+``ExponentialMovingAverage``   ``_foreach_lerp_(avg, src, momentum)``
+``MomentumAnnealingEMA``       ``_foreach_lerp_(avg, src, max(momentum,
+                               gamma / (gamma + steps)))``
+``ExpMomentumEMA`` (mmdet)     ``_foreach_mul_(avg, 1 - m)`` then
+                               ``_foreach_add_(avg, src, alpha=m)``
+``StochasticWeightAverage``    ``_foreach_add_(avg, _foreach_sub(src, avg),
+                               alpha=1 / (steps // interval + 1))``
+=============================  =============================================
+
+The scalars are the same Python floats stock computes (the ``steps``
+counter read as an int gives the exact same value as the 0-dim tensor), and
+a foreach op with a Python scalar rounds it to the tensors' compute type as
+the per-tensor op does. The rest of ``update_parameters`` is kept as it is:
+the first update (``steps == 0``) copies every tensor, integer ones included
+(``_foreach_copy_``); later ones average floating-point tensors only, so a
+BN ``num_batches_tracked`` in an ``update_buffers=True`` average keeps its
+first value, as in stock; with ``update_buffers=False`` the buffers are
+copied from the source model (``_foreach_copy_``); ``steps`` goes up by one.
+
+Foreach ops run on float32 and float64 tensors (:data:`FOREACH_DTYPES`),
+one call per op and (device, dtype) group; float16/bfloat16 tensors keep
+stock's ``avg_func``, one by one, because a foreach op may round a Python
+scalar differently there. A model whose averaged tensors overlap in memory
+(tied weights that ``state_dict`` lists twice) is left stock: stock updates
+the shared memory twice, in sequence.
+
+The fused model is the same object with its class swapped to a subclass
+that overrides ``update_parameters`` only (``isinstance`` checks still hold,
+``state_dict`` keys and the ``steps`` buffer are unchanged, so checkpoints
+move freely between stock and fused runs). Importing this module never
+imports mmdet: the fused ``ExpMomentumEMA`` class is made on first use.
+"""
+import math
+import sys
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
+
+import torch
+from mmengine.model.averaged_model import (BaseAveragedModel,
+                                           ExponentialMovingAverage,
+                                           MomentumAnnealingEMA,
+                                           StochasticWeightAverage)
+from torch import Tensor, nn
+
+__all__ = ['FOREACH_DTYPES', 'fuse_ema', 'unfuse_ema', 'is_fused_ema']
+
+#: Dtypes updated with foreach ops. In these a Python scalar rounds to the
+#: dtype itself, which is also the compute type of the per-tensor ops. In
+#: float16/bfloat16 the per-tensor ops compute in float32 with the scalar
+#: rounded to float32, while a foreach op with a scalar may round it to the
+#: tensors' dtype first (``_foreach_mul_`` on the CPU does, torch 2.13):
+#: those tensors keep stock's ``avg_func``, one by one.
+FOREACH_DTYPES = (torch.float32, torch.float64)
+
+Tensors = List[Tensor]
+#: ``average(ema, avg, src, steps)``: one foreach update of a group.
+Average = Callable[[BaseAveragedModel, Tensors, Tensors, int], None]
+
+
+# --------------------------------------------------------------------------
+# The per-class updates, each the stock ``avg_func`` over a list.
+# --------------------------------------------------------------------------
+def _ema_lerp(ema: ExponentialMovingAverage, avg: Tensors, src: Tensors,
+              steps: int) -> None:
+    """``ExponentialMovingAverage.avg_func``: ``lerp_(src, momentum)``."""
+    torch._foreach_lerp_(avg, src, ema.momentum)
+
+
+def _annealing_lerp(ema: MomentumAnnealingEMA, avg: Tensors, src: Tensors,
+                    steps: int) -> None:
+    """``MomentumAnnealingEMA.avg_func`` (stock reads ``steps.item()``)."""
+    momentum = max(ema.momentum, ema.gamma / (ema.gamma + steps))
+    torch._foreach_lerp_(avg, src, momentum)
+
+
+def _exp_momentum(ema: BaseAveragedModel, avg: Tensors, src: Tensors,
+                  steps: int) -> None:
+    """mmdet ``ExpMomentumEMA.avg_func``: ``mul_(1 - m).add_(src, alpha=m)``.
+
+    Stock gets ``steps`` as the 0-dim int64 tensor; ``float(1 + steps)`` of
+    it is exactly ``float(1 + int(steps))``.
+    """
+    momentum = (1 - ema.momentum) * math.exp(
+        -float(1 + steps) / ema.gamma) + ema.momentum
+    torch._foreach_mul_(avg, 1 - momentum)
+    torch._foreach_add_(avg, src, alpha=momentum)
+
+
+def _swa(ema: StochasticWeightAverage, avg: Tensors, src: Tensors,
+         steps: int) -> None:
+    """``StochasticWeightAverage.avg_func``: ``add_(src - avg, alpha=...)``.
+    """
+    alpha = 1 / float(steps // ema.interval + 1)
+    torch._foreach_add_(avg, torch._foreach_sub(src, avg), alpha=alpha)
+
+
+#: Stock class (``module.qualname``) -> (fused class name, update).
+_UPDATES: Dict[str, Tuple[str, Average]] = {
+    'mmengine.model.averaged_model.ExponentialMovingAverage':
+    ('FusedExponentialMovingAverage', _ema_lerp),
+    'mmengine.model.averaged_model.MomentumAnnealingEMA':
+    ('FusedMomentumAnnealingEMA', _annealing_lerp),
+    'mmengine.model.averaged_model.StochasticWeightAverage':
+    ('FusedStochasticWeightAverage', _swa),
+    'mmdet.models.layers.ema.ExpMomentumEMA':
+    ('FusedExpMomentumEMA', _exp_momentum),
+}
+
+
+def _qualname(cls: type) -> str:
+    """``module.qualname`` of a class: how the table names stock classes."""
+    return f'{cls.__module__}.{cls.__qualname__}'
+
+
+# --------------------------------------------------------------------------
+# The fused update_parameters
+# --------------------------------------------------------------------------
+def _grouped(*lists: Iterable[Tensor]) -> List[Tuple[Tensors, ...]]:
+    """Zips tensor lists and groups the rows by their devices and dtypes.
+
+    A foreach op takes its fast (multi-tensor) path only for tensors of one
+    device and dtype; the rows are independent, so the grouping changes no
+    value.
+
+    Args:
+        *lists: Equally long iterables of tensors, row by row.
+
+    Returns:
+        list[tuple[list[Tensor], ...]]: Per group, one list per input.
+    """
+    groups: Dict[tuple, Tuple[Tensors, ...]] = {}
+    for row in zip(*lists):
+        key = tuple((t.device, t.dtype) for t in row)
+        columns = groups.get(key)
+        if columns is None:
+            columns = groups[key] = tuple([] for _ in row)
+        for column, tensor in zip(columns, row):
+            column.append(tensor)
+    return list(groups.values())
+
+
+def _foreach_copy(dst: Iterable[Tensor], src: Iterable[Tensor]) -> None:
+    """``d.copy_(s)`` for each pair, one ``_foreach_copy_`` per group."""
+    for dsts, srcs in _grouped(dst, src):
+        torch._foreach_copy_(dsts, srcs)
+
+
+class _ForeachAveraging:
+    """Overrides ``BaseAveragedModel.update_parameters`` with foreach ops.
+
+    Mixed in before a stock averaged-model class; ``_average`` is that
+    class's ``avg_func`` over lists (see the module table).
+    """
+
+    _average: Average
+    _stock: type
+
+    def update_parameters(self, model: nn.Module) -> None:
+        """Stock ``update_parameters``, one foreach call per op and group.
+
+        Args:
+            model (nn.Module): The model whose parameters are averaged.
+        """
+        src = (model.state_dict()
+               if self.update_buffers else dict(model.named_parameters()))
+        steps = int(self.steps)  # stock compares the tensor twice per call
+        if steps == 0:
+            _foreach_copy((p.data for p in self.avg_parameters.values()),
+                          (src[k].data for k in self.avg_parameters))
+        elif steps % self.interval == 0:
+            floats = [(p.data, src[k].data.to(p.device))
+                      for k, p in self.avg_parameters.items()
+                      if p.dtype.is_floating_point]
+            for avg, source in _grouped(*zip(*floats)):
+                if avg[0].dtype in FOREACH_DTYPES:
+                    self._average(self, avg, source, steps)
+                else:  # stock's own avg_func, tensor by tensor
+                    for a, s in zip(avg, source):
+                        self.avg_func(a, s, self.steps)
+        if not self.update_buffers:
+            # Stock keeps the buffers in sync with the source model.
+            pairs = [(b_avg.data, b_src.data.to(b_avg.device))
+                     for b_avg, b_src in zip(self.module.buffers(),
+                                             model.buffers())]
+            if pairs:
+                _foreach_copy(*zip(*pairs))
+        self.steps += 1
+
+    def _get_name(self) -> str:
+        # ``repr`` names the stock class: the fusion is an implementation
+        # detail, like the ``update_parameters`` it replaces.
+        return self._stock.__name__
+
+
+def _make_fused(stock: type) -> type:
+    """The fused subclass of a stock class in the table, made once.
+
+    It is a global of this module under its own name, so instances pickle
+    and unpickle (see :func:`__getattr__`).
+    """
+    name, average = _UPDATES[_qualname(stock)]
+    cls = globals().get(name)
+    if cls is None:
+        cls = type(name, (_ForeachAveraging, stock), {
+            '_average': staticmethod(average),
+            '_stock': stock,
+            '__module__': __name__,
+            '__qualname__': name,
+            '__doc__': f'``{stock.__name__}`` updated with foreach ops '
+                       '(see :mod:`fast_parallel.foreach_ema`).',
+        })
+        globals()[name] = cls
+    return cls
+
+
+def __getattr__(name: str) -> type:
+    """Makes a fused class on first access (unpickling a fused model).
+
+    Args:
+        name (str): A fused class name from the table.
+
+    Returns:
+        type: The fused class; its stock class's module is imported.
+    """
+    for qualname, (fused_name, _) in _UPDATES.items():
+        if fused_name == name:
+            module, _, cls_name = qualname.rpartition('.')
+            __import__(module)
+            return _make_fused(getattr(sys.modules[module], cls_name))
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+for _cls in (ExponentialMovingAverage, MomentumAnnealingEMA,
+             StochasticWeightAverage):
+    _make_fused(_cls)
+
+
+# --------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------
+def is_fused_ema(ema_model: nn.Module) -> bool:
+    """Whether :func:`fuse_ema` fused this averaged model.
+
+    Args:
+        ema_model (nn.Module): An averaged model.
+
+    Returns:
+        bool: True when its updates are the foreach ones.
+    """
+    return isinstance(ema_model, _ForeachAveraging)
+
+
+def fuse_ema(ema_model: nn.Module) -> str:
+    """Updates one averaged model with foreach ops from now on.
+
+    Known stock classes only (mmengine's ``ExponentialMovingAverage``,
+    ``MomentumAnnealingEMA``, ``StochasticWeightAverage``, mmdet's
+    ``ExpMomentumEMA``), exactly: a subclass may have its own ``avg_func``,
+    so it is left stock, and so is an instance with its own
+    ``avg_func``/``update_parameters`` or with overlapping averaged tensors.
+    Calling it again on a fused model changes nothing.
+
+    Args:
+        ema_model (nn.Module): E.g. ``EMAHook.ema_model``, after the hook's
+            ``before_run`` built it.
+
+    Returns:
+        str: What was done, for the log: e.g. ``'EMA (ExpMomentumEMA): 388
+        tensors in 1 multi-tensor update'``, or why it was left stock.
+    """
+    stock = getattr(type(ema_model), '_stock', type(ema_model))
+    reason = _why_not(ema_model, stock)
+    if reason is not None:
+        return f'EMA ({stock.__name__}): left stock: {reason}'
+    ema_model.__class__ = _make_fused(stock)
+    return _summary(ema_model, stock)
+
+
+def unfuse_ema(ema_model: nn.Module) -> None:
+    """Gives a fused averaged model back its stock class (and updates).
+
+    Args:
+        ema_model (nn.Module): A model :func:`fuse_ema` fused; any other is
+            left as it is.
+    """
+    if is_fused_ema(ema_model):
+        ema_model.__class__ = ema_model._stock
+
+
+def _why_not(ema_model: nn.Module, stock: type) -> Optional[str]:
+    """Why ``ema_model`` cannot be fused, None when it can."""
+    if not isinstance(ema_model, BaseAveragedModel):
+        return 'not a BaseAveragedModel'
+    if _qualname(stock) not in _UPDATES:
+        return (f'{_qualname(stock)} is not a known stock class (its '
+                'avg_func may differ)')
+    own = {'avg_func', 'update_parameters'} & set(vars(ema_model))
+    if own:
+        return f'the instance sets its own {", ".join(sorted(own))}'
+    if _overlapping(ema_model.avg_parameters.values()) or (
+            not ema_model.update_buffers
+            and _overlapping(ema_model.module.buffers())):
+        return ('averaged tensors share memory (tied weights): stock '
+                'updates them in sequence')
+    return None
+
+
+def _overlapping(tensors: Iterable[Tensor]) -> bool:
+    """Whether any two of the tensors touch the same bytes.
+
+    Each tensor counts as the byte range from its first element to its
+    last (conservative for strided views).
+    """
+    spans = []
+    for t in tensors:
+        if t.numel() == 0:
+            continue
+        extent = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape,
+                                                          t.stride()))
+        start = t.data_ptr()
+        spans.append((t.device, start, start + extent * t.element_size()))
+    spans.sort(key=lambda span: (str(span[0]), span[1]))
+    return any(a[0] == b[0] and b[1] < a[2]
+               for a, b in zip(spans, spans[1:]))
+
+
+def _summary(ema_model: BaseAveragedModel, stock: type) -> str:
+    """The log line of a fused model: tensors and multi-tensor calls."""
+    floats = [p for p in ema_model.avg_parameters.values()
+              if p.dtype.is_floating_point]
+    fused = [p for p in floats if p.dtype in FOREACH_DTYPES]
+    updates = len(_grouped(fused))
+    line = (f'EMA ({stock.__name__}): {len(fused)} tensors in {updates} '
+            f'multi-tensor update{"s" if updates != 1 else ""}')
+    if len(fused) < len(floats):
+        line += (f', {len(floats) - len(fused)} reduced-precision tensors '
+                 'one by one (stock avg_func)')
+    if not ema_model.update_buffers:
+        buffers = list(ema_model.module.buffers())
+        copies = len(_grouped(buffers))
+        line += (f', {len(buffers)} buffers in {copies} multi-tensor '
+                 f'cop{"ies" if copies != 1 else "y"}')
+    return line
