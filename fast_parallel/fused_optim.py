@@ -221,6 +221,35 @@ def _stock_reason(optimizer: Optimizer) -> Optional[str]:
 # ----------------------------------------------------------------- SGD ---
 
 
+def _bucketed_step(optimizer: Optimizer,
+                   closure: Optional[Callable]) -> Any:
+    """The fused ``step`` shared by every optimizer here.
+
+    Runs the closure as torch's ``step`` does, gathers every group into
+    buckets (the optimizer's ``_gather``) and runs each bucket once (its
+    ``_run``).
+
+    Args:
+        optimizer (Optimizer): A fused optimizer.
+        closure (Callable, optional): Re-evaluates the model and returns
+            the loss.
+
+    Returns:
+        The closure's loss, or None.
+    """
+    loss = None
+    if closure is not None:
+        with torch.enable_grad():
+            loss = closure()
+    buckets: Dict[Hashable, _Bucket] = OrderedDict()
+    for group in optimizer.param_groups:
+        optimizer._gather(group, buckets)
+    for bucket in buckets.values():
+        optimizer._run(bucket)
+    optimizer._fused_calls = len(buckets)
+    return loss
+
+
 def _sgd_foreach(group: Dict[str, Any], params: List[Tensor]) -> bool:
     """``foreach`` as ``torch.optim.sgd.sgd`` resolves it for this group."""
     foreach, fused = group['foreach'], group['fused']
@@ -250,17 +279,7 @@ class FusedSGD(SGD):
         """
         if _stock_reason(self) is not None:
             return _stock_step(SGD)(self, closure)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        buckets: Dict[Hashable, _Bucket] = OrderedDict()
-        for group in self.param_groups:
-            self._gather(group, buckets)
-        for bucket in buckets.values():
-            self._run(bucket)
-        self._fused_calls = len(buckets)
-        return loss
+        return _bucketed_step(self, closure)
 
     def _gather(self, group: Dict[str, Any],
                 buckets: Dict[Hashable, _Bucket]) -> None:
@@ -344,17 +363,7 @@ class _FusedAdamStep:
         if _stock_reason(self) is not None:
             return _stock_step(Adam)(self, closure)
         self._accelerator_graph_capture_health_check()
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        buckets: Dict[Hashable, _Bucket] = OrderedDict()
-        for group in self.param_groups:
-            self._gather(group, buckets)
-        for bucket in buckets.values():
-            self._run(bucket)
-        self._fused_calls = len(buckets)
-        return loss
+        return _bucketed_step(self, closure)
 
     def _gather(self, group: Dict[str, Any],
                 buckets: Dict[Hashable, _Bucket]) -> None:
