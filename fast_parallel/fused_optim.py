@@ -421,9 +421,8 @@ _FUSED = {SGD: FusedSGD, Adam: FusedAdam, AdamW: FusedAdamW}
 _STOCK = {fused: stock for stock, fused in _FUSED.items()}
 
 
-def _planned_steps(optimizer: Optimizer) -> int:
+def _planned_steps(optimizer: Optimizer, stock: type) -> int:
     """Calls per step if every parameter has a gradient (for the summary)."""
-    stock = _STOCK[type(optimizer)]
     keys, resolve = ((_SGD_KEYS, _sgd_foreach) if stock is SGD else
                      (_ADAM_KEYS, _adam_foreach))
     return len({(_hyper_key(group, keys), resolve(group, group['params']))
@@ -455,13 +454,20 @@ def fuse_optimizer(optimizer: Optimizer) -> str:
             if group.get(flag):
                 return (f'optimizer: {name} left stock ({flag}=True is '
                         'out of scope)')
+    groups = len(optimizer.param_groups)
+    steps = _planned_steps(optimizer, stock)
+    if steps >= groups:
+        unfuse_optimizer(optimizer)
+        return (f'optimizer: {stock.__name__} {groups} '
+                f'group{"s" if groups != 1 else ""}, left stock (nothing '
+                'to fuse: no two groups share their hyper-parameters)')
     if type(optimizer) is stock:
         optimizer.__class__ = _FUSED[stock]
         # Wraps the new class's step with torch's step hooks (once per
         # class), as Optimizer.__init__ does for every optimizer class.
         optimizer._patch_step_function()
-    return (f'optimizer: {stock.__name__} {len(optimizer.param_groups)} '
-            f'groups -> {_planned_steps(optimizer)} fused steps')
+    return (f'optimizer: {stock.__name__} {groups} groups -> {steps} '
+            'fused steps')
 
 
 def unfuse_optimizer(optimizer: Optimizer) -> None:

@@ -494,19 +494,37 @@ def test_fused_flag_set_later_runs_stock_step():
     assert calls == [1, 1]
 
 
+@pytest.mark.parametrize('groups', [1, 2])
+def test_nothing_to_fuse_stays_stock(groups):
+    """One group, or groups that all differ: the optimizer stays stock."""
+    net = SmallNet()
+    params = [dict(params=[p], lr=0.01 * (i + 1) if groups == 2 else 0.01)
+              for i, p in enumerate(net.head.parameters())]
+    if groups == 1:
+        params = [dict(params=list(net.head.parameters()), lr=0.01)]
+    optimizer = torch.optim.SGD(params, lr=0.01, momentum=0.9)
+    summary = fuse_optimizer(optimizer)
+    assert type(optimizer) is torch.optim.SGD
+    assert summary == (f'optimizer: SGD {groups} group{"s" * (groups > 1)}, '
+                       'left stock (nothing to fuse: no two groups share '
+                       'their hyper-parameters)')
+
+
 def test_optim_wrapper_dict():
     """Each optimizer of an OptimWrapperDict is fused; both match stock."""
     def build(net: SmallNet) -> OptimWrapperDict:
         return OptimWrapperDict(
-            backbone=build_optim_wrapper(net.stem, _sgd_cfg(True)),
-            head=build_optim_wrapper(net.head, _adam_cfg('AdamW', True)))
+            backbone=build_optim_wrapper(nn.Sequential(net.stem, net.bn),
+                                         _sgd_cfg(True)),
+            head=build_optim_wrapper(nn.Sequential(net.dw, net.gn, net.head),
+                                     _adam_cfg('AdamW', True)))
 
     net = SmallNet()
     twin = copy.deepcopy(net)
     stock, fused = build(net), build(twin)
     assert fuse_optim_wrapper(fused) == (
-        'backbone: optimizer: SGD 2 groups -> 2 fused steps; '
-        'head: optimizer: AdamW 2 groups -> 2 fused steps')
+        'backbone: optimizer: SGD 4 groups -> 2 fused steps; '
+        'head: optimizer: AdamW 6 groups -> 2 fused steps')
     for step in range(3):
         _set_grads([net, twin], step)
         for wrapper in (*stock.values(), *fused.values()):

@@ -13,6 +13,8 @@ from runner_utils import loss_history, sample_config
 from torch.utils.data import DataLoader
 
 from fast_parallel import FastDataParallel, PackedCollate
+from fast_parallel.foreach_ema import is_fused_ema
+from fast_parallel.fused_optim import FusedSGD
 from fast_parallel.loader import FastDataLoader
 
 # PointPillars' pipeline JIT-compiles numba code in every new process; one
@@ -39,9 +41,13 @@ def runs(sample_data, tmp_path_factory):
                                 path == 'fast', **OVERRIDES[kind])
             runner = Runner.from_cfg(cfg)
             runner.train()
+            # runner.test() runs EMAHook.before_run again, which builds a
+            # new averaged model: keep the one that trained
+            emas = [h.ema_model for h in runner.hooks
+                    if hasattr(h, 'ema_model')]
             cache[kind, path] = dict(
                 runner=runner, work_dir=work_dir, losses=loss_history(runner),
-                test=runner.test())
+                emas=emas, test=runner.test())
         return cache[kind, path]
 
     return get
@@ -78,6 +84,46 @@ def test_two_lines_train_val_test_like_stock(kind, runs):
         for ln in train_lines)
     for mode in ('train', 'val', 'test'):
         assert f'fast_parallel {mode}: per batch transfer_time' in log
+
+
+@pytest.mark.parametrize('kind,name,ema', [('yolox', 'SGD', 'ExpMomentumEMA'),
+                                           ('pointpillars', 'AdamW', None)])
+def test_optimizer_and_ema_fused_with_stock_bytes(kind, name, ema, runs):
+    stock, fast = runs(kind, 'stock'), runs(kind, 'fast')
+    fast_runner, stock_runner = fast['runner'], stock['runner']
+    log = open(glob.glob(str(fast['work_dir'] / '*' / '*.log'))[0]).read()
+    optimizer = fast_runner.optim_wrapper.optimizer
+    groups = len(optimizer.param_groups)
+    assert type(stock_runner.optim_wrapper.optimizer).__name__ == name
+    if kind == 'yolox':  # paramwise_cfg: one group per parameter
+        # the fast run stepped with the fused optimizer, in fewer calls
+        assert type(optimizer) is FusedSGD
+        assert groups == len(list(fast_runner.model.parameters()))
+        assert optimizer._fused_calls == 2  # with and without decay
+        assert (f'FastParallelHook: optimizer: SGD {groups} groups -> 2 '
+                'fused steps') in log
+    else:  # mmdet3d's PointPillars: one group, nothing to fuse
+        assert type(optimizer).__name__ == name == 'AdamW' and groups == 1
+        assert 'FastParallelHook: optimizer: AdamW 1 group, left stock' in log
+    # the optimizer state is stock's, bit for bit, in stock's layout
+    stock_state = stock_runner.optim_wrapper.state_dict()
+    fast_state = fast_runner.optim_wrapper.state_dict()
+    assert stock_state['param_groups'] == fast_state['param_groups']
+    assert stock_state['state'].keys() == fast_state['state'].keys()
+    for pid, state in stock_state['state'].items():
+        assert_same_tensors(state, fast_state['state'][pid])
+    emas = {'stock': stock['emas'], 'fast': fast['emas']}
+    if ema is None:
+        assert emas == {'stock': [], 'fast': []}
+        return
+    fast_ema, = emas['fast']
+    stock_ema, = emas['stock']
+    assert is_fused_ema(fast_ema) and not is_fused_ema(stock_ema)
+    floats = [t for t in stock_ema.avg_parameters.values()
+              if t.is_floating_point()]  # not num_batches_tracked
+    assert f'EMA ({ema}): {len(floats)} tensors in 1 multi-tensor update' \
+        in log
+    assert_same_tensors(stock_ema.state_dict(), fast_ema.state_dict())
 
 
 @pytest.mark.parametrize('src,dst', [('fast', 'stock'), ('stock', 'fast')])
