@@ -8,6 +8,7 @@ from mmengine.config import Config
 from mmengine.runner import Runner
 
 import fast_parallel
+from fast_parallel.bench.presets import data_options  # noqa: F401
 
 #: The tests folder: on PYTHONPATH, subprocess configs import crash_hook.
 TESTS = str(Path(__file__).resolve().parent)
@@ -35,35 +36,6 @@ def sample_config(path: str, data: Path, work_dir: Path, fast: bool,
     cfg.randomness = dict(seed=0)
     cfg.merge_from_dict(overrides)
     return cfg if fast else fast_parallel.disable(cfg)
-
-
-def data_options(kind: str, root: Path) -> List[str]:
-    """``--cfg-options`` pointing a sample config's data at ``root``.
-
-    Args:
-        kind (str): 'yolox' or 'pointpillars'.
-        root (Path): Folder holding ``coco/`` and ``kitti/``.
-
-    Returns:
-        list[str]: ``key=value`` strings for the tools.
-    """
-    if kind == 'yolox':
-        coco = f'{root}/coco/'
-        ann = f'{coco}annotations/instances_val2017.json'
-        return [f'train_dataloader.dataset.dataset.data_root={coco}',
-                f'val_dataloader.dataset.data_root={coco}',
-                f'test_dataloader.dataset.data_root={coco}',
-                f'val_evaluator.ann_file={ann}',
-                f'test_evaluator.ann_file={ann}']
-    kitti = f'{root}/kitti/'
-    sampler = 'train_dataloader.dataset.dataset.pipeline.2.db_sampler'
-    return [f'train_dataloader.dataset.dataset.data_root={kitti}',
-            f'{sampler}.data_root={kitti}',
-            f'{sampler}.info_path={kitti}kitti_dbinfos_train.pkl',
-            f'val_dataloader.dataset.data_root={kitti}',
-            f'test_dataloader.dataset.data_root={kitti}',
-            f'val_evaluator.ann_file={kitti}kitti_infos_val.pkl',
-            f'test_evaluator.ann_file={kitti}kitti_infos_val.pkl']
 
 
 def loss_history(runner: Runner) -> Dict[str, List[float]]:

@@ -29,3 +29,40 @@ def test_quick_mode_writes_complete_json(tmp_path):
     assert results['transfers']['yolox']['stock']['copies'] == 40
     assert results['gpu']['run'] in (True, False)
     assert png.stat().st_size > 1000
+
+
+def test_ops_mode_counts_fewer_operations_same_step(tmp_path):
+    """--ops on the YOLOX-tiny sample (240 groups, ExpMomentumEMA): the
+    optimizer and EMA fused, the model's own step untouched."""
+    out = tmp_path / 'ops.json'
+    benchmark.main(['--ops', '--quick', '--json', str(out)])
+    r = json.loads(out.read_text())['ops']['yolox_tiny_sample']
+    stock, fast = r['stock'], r['fast']
+    assert len(stock['per_iter']) == len(fast['per_iter']) == 1
+    # the issue's bar (for YOLOX-s): at most 0.65 of stock's operations
+    assert r['ratio'] == fast['total'] / stock['total'] <= 0.65
+    # the model's forward/backward is the same work on both paths
+    assert fast['phases']['train_step'] == stock['phases']['train_step']
+    # 240 groups, 2 hyper-parameter sets: a few foreach calls, not ~1,000
+    assert stock['phases']['optimizer_step'] > 240 * 4
+    assert fast['phases']['optimizer_step'] <= 2 * 5
+    # EMA: per-tensor mul_/add_ (and .item()s of its step count) gone
+    assert stock['phases']['after_iter_hooks'] > 388 * 2
+    assert fast['phases']['after_iter_hooks'] < 20
+    assert r['changed']['mul_'] == dict(stock=388, fast=0)
+    assert fast['device_copies'] < stock['device_copies']
+
+
+def test_train_mode_runs_every_arm_in_fresh_processes(tmp_path):
+    out, png = tmp_path / 'train.json', tmp_path / 'train.png'
+    benchmark.main(['--train', '--quick', '--json', str(out), '--plot',
+                    str(png)])
+    r = json.loads(out.read_text())['train']
+    assert r['order'] == ['stock', 'stock+pin_memory', 'fast']
+    assert r['settings']['iters'] == 3 and r['settings']['warmup'] == 1
+    for arm, a in r['arms'].items():
+        assert a['iters'] == 2 and a['time_s'] > 0 and a['data_time_s'] >= 0
+        assert a['samples_per_s'] == a['batch_size'] / a['time_s']
+        assert len(a['per_repeat_time_s']) == 1
+    assert r['arms']['stock']['ratio'] == 1.0
+    assert png.stat().st_size > 1000

@@ -115,6 +115,32 @@ def test_skip_existing(tool, data, capsys):
             for p in data.rglob('*') if p.is_file()} == before
 
 
+def test_coco_size_option_and_remake(tool, tmp_path, capsys):
+    """--coco-size sets the image sides; another size makes the set again."""
+    out = tmp_path / 'big'
+    tool.make_coco(out / 'coco', 3, 2, seed=0, size=(480, 640))
+    doc = json.loads((out / 'coco/annotations/instances_train2017.json')
+                     .read_text())
+    sides = [v for img in doc['images'] for v in (img['width'],
+                                                   img['height'])]
+    assert all(480 <= v <= 640 for v in sides) and len(set(sides)) > 1
+    import cv2
+    first = doc['images'][0]
+    shape = cv2.imread(str(out / 'coco/train2017' / first['file_name'])).shape
+    assert shape[:2] == (first['height'], first['width'])
+    assert doc['info']['made_with'] == {'train_images': 3,
+                                        'size': [480, 640], 'seed': 0}
+    # the same request is skipped, another size or count is not
+    made_with = tool._coco_made_with(3, (480, 640), 0)
+    assert tool._coco_is(out / 'coco', made_with)
+    assert not tool._coco_is(out / 'coco', tool._coco_made_with(
+        3, (128, 160), 0))
+    assert not tool._coco_is(out / 'coco', tool._coco_made_with(
+        4, (480, 640), 0))
+    with pytest.raises(ValueError, match='--coco-size'):
+        tool.make_coco(out / 'bad', 1, 1, seed=0, size=(640, 480))
+
+
 def coco_dataset(data: Path, split: str):
     from mmdet.datasets import CocoDataset
     return CocoDataset(

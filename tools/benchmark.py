@@ -6,6 +6,27 @@ Usage:
         [--step-kind torch|python]
         [--configs] [--config-iters 10] [--quick]
         [--json OUT.json] [--plot OUT.png]
+    python tools/benchmark.py --ops [--presets yolox_s pointpillars]
+        [--ops-iters 3] [--ops-warmup 1] [--data data/bench] [--quick]
+    python tools/benchmark.py --train [--train-preset yolox_s]
+        [--arms stock stock+pin_memory fast] [--train-iters 50]
+        [--train-warmup 10] [--repeats 3] [--data data/bench] [--quick]
+        [--cfg-options KEY=VALUE ...] [--json OUT.json] [--plot OUT.png]
+
+``--ops`` and ``--train`` run instead of the data-path measurements:
+
+* ``--ops``: operations dispatched per training iteration (a count, exact on
+  any machine: what a GPU launches), stock vs fast, under the real Runner,
+  optimizer ``foreach`` forced on (:mod:`fast_parallel.bench.ops`);
+* ``--train``: full training iterations end to end in fresh processes, arms
+  ``stock``, ``stock+pin_memory`` and ``fast`` alternating, medians after
+  warm-up of iteration time, data_time and samples/s
+  (:mod:`fast_parallel.bench.train_time`).
+
+Both read ``--data`` (default ``data/bench``), which they make when missing
+with ``tools/make_sample_data.py``: COCO-size images (480..640 px sides) and
+KITTI frames. ``--quick`` runs the small sample configs on ``data/sample``
+(for tests: a few iterations, one repeat).
 
 Measures, alternating stock and fast runs in one process, warm-up apart from
 measurement, device sync around the timers, medians and ratios:
@@ -35,6 +56,7 @@ built by mmdet's PackDetInputs and mmdet3d's Pack3DDetInputs.
 """
 import argparse
 import json
+import os
 import os.path as osp
 import platform
 import statistics
@@ -230,8 +252,66 @@ def gpu_section() -> dict:
                 gpus=torch.cuda.device_count())
 
 
+def ensure_data(root: str, quick: bool) -> str:
+    """The benchmark data folder, made by tools/make_sample_data.py if needed.
+
+    Args:
+        root (str): The folder.
+        quick (bool): Small sample images (the tests' data) instead of
+            COCO-size ones.
+
+    Returns:
+        str: ``root``, absolute.
+    """
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        'make_sample_data', osp.join(ROOT, 'tools', 'make_sample_data.py'))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    if quick:
+        out = tool.make_sample_data(root)
+    else:
+        out = tool.make_sample_data(root, coco_images=64, kitti_frames=12,
+                                    coco_size=(480, 640))
+    return str(out)
+
+
+def ops_section(args: argparse.Namespace) -> dict:
+    """``--ops``: op counts of each preset, stock vs fast."""
+    from fast_parallel.bench.ops import count_preset
+    from fast_parallel.bench.presets import load_preset
+    data = ensure_data(args.data, args.quick)
+    out = {}
+    for name in args.presets:
+        cfg = load_preset(name, data)
+        if args.cfg_options:
+            cfg.merge_from_dict(args.cfg_options)
+        out[name] = count_preset(cfg, args.ops_iters, args.ops_warmup,
+                                 'work_dirs/benchmark_ops')
+    return out
+
+
+def train_section(args: argparse.Namespace) -> dict:
+    """``--train``: end-to-end iteration times of the arms."""
+    from fast_parallel.bench.presets import PRESETS, data_options
+    from fast_parallel.bench.train_time import run_arms
+    data = ensure_data(args.data, args.quick)
+    config, kind = PRESETS[args.train_preset]
+    options = data_options(kind, data) + [
+        f'{k}={v}' for k, v in (args.cfg_options or {}).items()]
+    total = len(args.arms) * args.repeats
+    with tqdm(total=total, desc='train arms', file=sys.stderr) as bar:
+        return run_arms(osp.join(ROOT, config), args.arms, args.train_iters,
+                        args.train_warmup, args.repeats, options,
+                        progress=bar.update)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     """Parses the command line."""
+    from mmengine.config import DictAction
+
+    from fast_parallel.bench.presets import PRESETS
+    from fast_parallel.bench.train_time import ARMS
     parser = argparse.ArgumentParser(description='stock vs fast data path')
     parser.add_argument('--shapes', nargs='+', default=list(SHAPES),
                         choices=list(SHAPES))
@@ -250,12 +330,42 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='a few batches, workers 0 and 2, one repeat')
     parser.add_argument('--device', default='auto',
                         help="'auto' (cuda if available), 'cpu' or 'cuda'")
+    parser.add_argument('--ops', action='store_true',
+                        help='count operations per training iteration')
+    parser.add_argument('--presets', nargs='+', choices=list(PRESETS),
+                        default=['yolox_s', 'pointpillars'],
+                        help='configs --ops counts')
+    parser.add_argument('--ops-iters', type=int, default=3)
+    parser.add_argument('--ops-warmup', type=int, default=1)
+    parser.add_argument('--train', action='store_true',
+                        help='time full training iterations, arm by arm')
+    parser.add_argument('--train-preset', choices=list(PRESETS),
+                        default='yolox_s')
+    parser.add_argument('--arms', nargs='+', choices=ARMS, default=ARMS)
+    parser.add_argument('--train-iters', type=int, default=50)
+    parser.add_argument('--train-warmup', type=int, default=10)
+    parser.add_argument('--data', default=None,
+                        help='data folder of --ops/--train (made if missing; '
+                        'default data/bench, data/sample with --quick)')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='config overrides for --ops/--train')
     parser.add_argument('--json', help='write the results here')
     parser.add_argument('--plot', help='write a bar chart (PNG) here')
     args = parser.parse_args(argv)
+    explicit = set(argv if argv is not None else sys.argv[1:])
     if args.quick:
         args.workers, args.batches, args.warmup = [0, 2], 4, 1
         args.repeats, args.step_ms, args.config_iters = 1, 20.0, 4
+        if '--presets' not in explicit:
+            args.presets = ['yolox_tiny_sample']
+        if '--train-preset' not in explicit:
+            args.train_preset = 'yolox_tiny_sample'
+        if '--train-iters' not in explicit:
+            args.train_iters, args.train_warmup = 3, 1
+        if '--ops-iters' not in explicit:
+            args.ops_iters = 1
+    if args.data is None:
+        args.data = osp.join(ROOT, 'data', 'sample' if args.quick else 'bench')
     return args
 
 
@@ -269,11 +379,15 @@ def main(argv=None) -> dict:
     device = torch.device(
         ('cuda' if torch.cuda.is_available() else 'cpu')
         if args.device == 'auto' else args.device)
+    machine = dict(platform=platform.platform(),
+                   processor=platform.processor() or platform.machine(),
+                   cpus=os.cpu_count(), torch=torch.__version__,
+                   device=(torch.cuda.get_device_name(device)
+                           if device.type == 'cuda' else str(device)))
+    if args.ops or args.train:
+        return _modes(args, machine, device)
     results: dict = dict(
-        machine=dict(platform=platform.platform(),
-                     processor=platform.processor() or platform.machine(),
-                     cpus=torch.get_num_threads(), torch=torch.__version__,
-                     device=str(device)),
+        machine=machine,
         settings=dict(batches=args.batches, warmup=args.warmup,
                       repeats=args.repeats, step_ms=args.step_ms,
                       step_kind=args.step_kind, workers=args.workers),
@@ -314,6 +428,60 @@ def main(argv=None) -> dict:
     if args.plot:
         plot(results, args.plot)
     return results
+
+
+def _modes(args: argparse.Namespace, machine: dict,
+           device: torch.device) -> dict:
+    """``--ops`` and/or ``--train``: run, print, write JSON / plot."""
+    from fast_parallel.bench.ops import format_ops
+    from fast_parallel.bench.train_time import format_train
+    results: dict = dict(machine=machine)
+    where = f'{machine["device"]}, {machine["cpus"]} CPUs, torch ' \
+        f'{machine["torch"]}'
+    if args.ops:
+        results['ops'] = ops_section(args)
+        print(format_ops(results['ops']))
+    if args.train:
+        results['train'] = train_section(args)
+        print(format_train(results['train'], where,
+                           cuda=device.type == 'cuda'))
+        if args.quick:
+            print('WARNING: --quick: a few iterations, one run per arm; a '
+                  'check that the tool works, not a measurement')
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(results, f, indent=1)
+    if args.plot and args.train:
+        plot_train(results['train'], args.plot)
+    return results
+
+
+def plot_train(result: dict, path: str) -> None:
+    """Bars of median iteration time and data_time per arm, min-max whiskers
+    and the number of measured iterations."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    arms = list(result['arms'])
+    r = result['arms']
+    times = [r[a]['time_s'] * 1e3 for a in arms]
+    spread = [[t - r[a]['min_time_s'] * 1e3 for a, t in zip(arms, times)],
+              [r[a]['max_time_s'] * 1e3 - t for a, t in zip(arms, times)]]
+    data = [r[a]['data_time_s'] * 1e3 for a in arms]
+    x = range(len(arms))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar([i - 0.2 for i in x], times, 0.4, yerr=spread, capsize=4,
+           label='iteration (median, min-max)')
+    ax.bar([i + 0.2 for i in x], data, 0.4, label='data_time (median)')
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([f'{a}\n{r[a]["iters"]} iterations' for a in arms],
+                       fontsize=8)
+    ax.set_ylabel('ms')
+    ax.set_title(osp.basename(result['settings']['config']))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def format_report(results: dict) -> str:

@@ -2,7 +2,8 @@
 
 Usage:
     python tools/make_sample_data.py [--out data] [--coco-images 8]
-        [--kitti-frames 6] [--seed 0] [--no-skip-existing]
+        [--coco-size 128 160] [--kitti-frames 6] [--seed 0]
+        [--no-skip-existing]
 
 The sample configs (``configs/*/*_fast_sample.py``) read ``data/sample``:
 ``python tools/make_sample_data.py --out data/sample``. About 15 s on 2 CPU
@@ -11,7 +12,9 @@ cores, most of it mmdet3d's converter.
 Writes, from ``--seed`` alone:
 
 * ``OUT/coco/``: ``train2017/`` and ``val2017/`` JPEGs (width and height
-  drawn independently, 128..160 px: landscape and portrait images mix, which
+  drawn independently, 128..160 px by default, ``--coco-size MIN MAX``
+  otherwise, e.g. ``480 640`` for COCO-size images of the benchmarks:
+  landscape and portrait images mix, which
   mmdet's ``AspectRatioBatchSampler`` batches apart; filled rectangles and
   ellipses of four COCO categories on noisy backgrounds) and
   ``annotations/instances_{train,val}2017.json`` with the 80 real COCO
@@ -35,7 +38,9 @@ Writes, from ``--seed`` alone:
 
 ``--coco-images N`` is the number of COCO train images (val: ``ceil(N / 2)``);
 ``--kitti-frames N`` the number of KITTI train frames (val and test:
-``ceil(N / 2)`` each). By default a part whose outputs all exist is skipped.
+``ceil(N / 2)`` each). By default a part whose outputs all exist is skipped;
+the COCO part only if it was written with the same images, size and seed
+(kept in the annotation files' ``info``).
 """
 import argparse
 import json
@@ -102,6 +107,8 @@ KITTI_OUTPUTS = ('kitti_infos_train.pkl', 'kitti_infos_val.pkl',
                  'training/velodyne_reduced')
 COCO_OUTPUTS = ('annotations/instances_train2017.json',
                 'annotations/instances_val2017.json')
+#: Default least and largest side of the sample COCO images, in pixels.
+COCO_SIZE = (128, 160)
 
 
 def _rng(seed: int, *keys: int) -> np.random.Generator:
@@ -146,16 +153,25 @@ def _shape_polygon(shape: str, box: Tuple[int, int, int, int]) -> np.ndarray:
     return cv2.ellipse2Poly(center, axes, 0, 0, 360, 10).astype(np.int32)
 
 
-def _coco_image(rng: np.random.Generator, image_id: int,
-                first_ann_id: int) -> Tuple[np.ndarray, dict, List[dict]]:
+def _coco_image(rng: np.random.Generator, image_id: int, first_ann_id: int,
+                size: Tuple[int, int] = COCO_SIZE
+                ) -> Tuple[np.ndarray, dict, List[dict]]:
     """Draws one image and its annotations.
+
+    Args:
+        rng (np.random.Generator): The image's own generator.
+        image_id (int): COCO image id.
+        first_ann_id (int): Id of its first annotation.
+        size (tuple[int, int]): Least and largest side in pixels.
+            Defaults to ``COCO_SIZE``.
 
     Returns:
         tuple: BGR image, the ``images`` entry, the ``annotations`` entries.
     """
     from mmdet.datasets import CocoDataset
     classes = CocoDataset.METAINFO['classes']
-    width, height = (int(v) for v in rng.integers(128, 161, size=2))
+    width, height = (int(v) for v in rng.integers(size[0], size[1] + 1,
+                                                  size=2))
     base = rng.integers(60, 200, size=3)
     noise = rng.normal(0.0, 12.0, size=(height, width, 3))
     img = np.clip(base + noise, 0, 255).astype(np.uint8)
@@ -188,7 +204,25 @@ def _coco_image(rng: np.random.Generator, image_id: int,
     return img, info, anns
 
 
-def make_coco(root: Path, num_train: int, num_val: int, seed: int) -> None:
+def _coco_made_with(num_train: int, size: Tuple[int, int],
+                    seed: int) -> dict:
+    """What the annotation files' ``info`` records of how they were made."""
+    return {'train_images': num_train, 'size': list(size), 'seed': seed}
+
+
+def _coco_is(root: Path, made_with: dict) -> bool:
+    """Whether ``root`` holds a complete COCO set made with ``made_with``."""
+    if not _exist(root, COCO_OUTPUTS):
+        return False
+    for name in COCO_OUTPUTS:
+        info = json.loads((root / name).read_text()).get('info', {})
+        if info.get('made_with') != made_with:
+            return False
+    return True
+
+
+def make_coco(root: Path, num_train: int, num_val: int, seed: int,
+              size: Tuple[int, int] = COCO_SIZE) -> None:
     """Writes ``root/{train2017,val2017,annotations}``.
 
     Args:
@@ -196,7 +230,12 @@ def make_coco(root: Path, num_train: int, num_val: int, seed: int) -> None:
         num_train (int): Train images.
         num_val (int): Val images.
         seed (int): Random seed.
+        size (tuple[int, int]): Least and largest image side in pixels
+            (width and height are drawn independently). Defaults to
+            ``COCO_SIZE``.
     """
+    if not 32 <= size[0] <= size[1]:
+        raise ValueError(f'--coco-size: need 32 <= MIN <= MAX, got {size}')
     from mmdet.datasets import CocoDataset
     categories = [{'id': cid, 'name': name, 'supercategory': 'none'}
                   for cid, name in zip(COCO_CATEGORY_IDS,
@@ -210,13 +249,14 @@ def make_coco(root: Path, num_train: int, num_val: int, seed: int) -> None:
         for i in range(count):
             image_id = split_no * 1_000_000 + i + 1
             img, info, anns = _coco_image(_rng(seed, 0, split_no, i),
-                                          image_id, ann_id)
+                                          image_id, ann_id, size)
             ann_id += len(anns)
             cv2.imwrite(str(root / split / info['file_name']), img,
                         [cv2.IMWRITE_JPEG_QUALITY, 95])
             images.append(info)
             annotations.extend(anns)
-        doc = {'info': {'description': 'fast_parallel sample data'},
+        doc = {'info': {'description': 'fast_parallel sample data',
+                        'made_with': _coco_made_with(num_train, size, seed)},
                'licenses': [], 'images': images, 'annotations': annotations,
                'categories': categories}
         path = root / 'annotations' / f'instances_{split}.json'
@@ -530,7 +570,8 @@ def make_sample_data(out: Path,
                      coco_images: int = 8,
                      kitti_frames: int = 6,
                      seed: int = 0,
-                     skip_existing: bool = True) -> Path:
+                     skip_existing: bool = True,
+                     coco_size: Tuple[int, int] = COCO_SIZE) -> Path:
     """Writes ``out/coco`` and ``out/kitti``; see the module docstring.
 
     Args:
@@ -540,8 +581,11 @@ def make_sample_data(out: Path,
         kitti_frames (int): KITTI train frames; val and test get
             ``ceil(n / 2)`` each. Defaults to 6.
         seed (int): Random seed. Defaults to 0.
-        skip_existing (bool): Leave a part alone when all its outputs exist.
-            Defaults to True.
+        skip_existing (bool): Leave a part alone when all its outputs exist
+            (COCO: made with the same images, size and seed). Defaults to
+            True.
+        coco_size (tuple[int, int]): Least and largest COCO image side.
+            Defaults to ``COCO_SIZE`` (128, 160).
 
     Returns:
         Path: ``out``.
@@ -550,10 +594,12 @@ def make_sample_data(out: Path,
         raise ValueError('need at least one COCO image and one KITTI frame')
     out = Path(out).resolve()
     coco, kitti = out / 'coco', out / 'kitti'
-    if skip_existing and _exist(coco, COCO_OUTPUTS):
+    made_with = _coco_made_with(coco_images, tuple(coco_size), seed)
+    if skip_existing and _coco_is(coco, made_with):
         print(f'{coco}: already there, skipped')
     else:
-        make_coco(coco, coco_images, math.ceil(coco_images / 2), seed)
+        make_coco(coco, coco_images, math.ceil(coco_images / 2), seed,
+                  tuple(coco_size))
         print(f'{coco}: written')
     if skip_existing and _exist(kitti, KITTI_OUTPUTS):
         print(f'{kitti}: already there, skipped')
@@ -570,6 +616,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--out', type=Path, default=Path('data'))
     parser.add_argument('--coco-images', type=int, default=8)
+    parser.add_argument('--coco-size', type=int, nargs=2,
+                        default=list(COCO_SIZE), metavar=('MIN', 'MAX'),
+                        help='least and largest COCO image side in pixels')
     parser.add_argument('--kitti-frames', type=int, default=6)
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--skip-existing', default=True,
@@ -588,7 +637,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, str]:
     """
     args = parse_args(argv)
     out = make_sample_data(args.out, args.coco_images, args.kitti_frames,
-                           args.seed, args.skip_existing)
+                           args.seed, args.skip_existing, args.coco_size)
     return {'coco': str(out / 'coco'), 'kitti': str(out / 'kitti')}
 
 
