@@ -29,11 +29,13 @@ setup(
     long_description_content_type='text/markdown',
     packages=find_packages(include=['fast_parallel', 'fast_parallel.*']),
     python_requires='>=3.8',
-    install_requires=read_requirements('torch') + read_requirements('mmcv') +
-    read_requirements('runtime'),
+    # Ranges (requirements/package*.txt): installing into an environment
+    # that has torch, mmcv & co. replaces none of them. The exact pins of
+    # this project's own environment are requirements/constraints.txt.
+    install_requires=read_requirements('package'),
     extras_require={
         'tests': read_requirements('tests'),
-        'mmdet3d': read_requirements('mmdet3d') +
+        'mmdet3d': read_requirements('package-mmdet3d') +
         read_requirements('mmdet3d-deps'),
     },
 )

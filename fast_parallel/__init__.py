@@ -10,6 +10,7 @@ from .fused_optim import (fuse_optim_wrapper, fuse_optimizer,
 from .hooks import FastParallelHook
 from .opcount import OpCounter, count_iteration_ops
 from .packing import PackedBatch, PackingError, pack
+from .parity import PerturbFirstBatchHook
 from .resume import ExactResumeHook
 from .wrappers import FastDataParallel, FastDistributedDataParallel
 
@@ -21,7 +22,7 @@ allow_mmengine_checkpoints()
 __all__ = [
     'AccuracyParityHook', 'ExactResumeHook', 'FastDataParallel',
     'FastDistributedDataParallel', 'FastParallelHook', 'OpCounter',
-    'PackedBatch', 'PackedCollate', 'PackingError',
+    'PackedBatch', 'PackedCollate', 'PackingError', 'PerturbFirstBatchHook',
     'allow_mmengine_checkpoints', 'count_iteration_ops', 'disable', 'enable',
     'fuse_ema', 'fuse_optim_wrapper', 'fuse_optimizer', 'pack',
     'packed_collate', 'register_adapter', 'register_tensor_holder',

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from mmengine.logging.history_buffer import HistoryBuffer
 
+from .compat import private
+
 # Registered by HistoryBuffer.__init__; custom ones by register_statistics.
 _BUILTIN_STATISTICS = frozenset(('min', 'max', 'current', 'mean'))
 
@@ -40,7 +42,9 @@ def _history_buffer_method(obj: Any, name: str) -> Any:
     Raises:
         pickle.UnpicklingError: For anything else.
     """
-    allowed = _BUILTIN_STATISTICS.union(HistoryBuffer._statistics_methods)
+    allowed = _BUILTIN_STATISTICS.union(
+        private(HistoryBuffer, '_statistics_methods', 'mmengine',
+                'loading checkpoints with weights_only=True'))
     if obj is HistoryBuffer and name in allowed:
         return getattr(HistoryBuffer, name)
     import pickle

@@ -67,9 +67,14 @@ def is_enabled(cfg: Config) -> bool:
 
 
 def disable(cfg: Config) -> Config:
-    """Removes what :func:`enable` (or a fast config) adds, in place.
+    """Takes a config off the fast path, in place.
 
-    The fast hooks go. A ``model_wrapper_cfg`` naming
+    The fast hooks go (``FastParallelHook``, ``ExactResumeHook``).
+    ``fast_parallel`` stays in ``custom_imports``: a config may name what
+    the package registers besides the hooks (the PointPillars configs use
+    ``KittiMetricCPU`` and ``DataBaseSamplerNp124``), and importing it
+    changes nothing in a stock run (it registers names and extends torch's
+    safe-loading allow-list). A ``model_wrapper_cfg`` naming
     ``FastDistributedDataParallel`` names its stock parent
     ``MMDistributedDataParallel`` instead, every other key kept, so the stock
     run gets the wrapper settings the fast one had; one naming

@@ -57,6 +57,8 @@ from mmengine.model.averaged_model import (BaseAveragedModel,
                                            StochasticWeightAverage)
 from torch import Tensor, nn
 
+from .compat import CHECKED_ON
+
 __all__ = ['FOREACH_DTYPES', 'fuse_ema', 'unfuse_ema', 'is_fused_ema']
 
 #: Dtypes updated with foreach ops. In these a Python scalar rounds to the
@@ -302,10 +304,19 @@ def unfuse_ema(ema_model: nn.Module) -> None:
         ema_model.__class__ = ema_model._stock
 
 
+#: The multi-tensor ops the fused updates call.
+FOREACH_OPS = ('_foreach_lerp_', '_foreach_mul_', '_foreach_add_',
+               '_foreach_sub', '_foreach_copy_')
+
+
 def _why_not(ema_model: nn.Module, stock: type) -> Optional[str]:
     """Why ``ema_model`` cannot be fused, None when it can."""
     if not isinstance(ema_model, BaseAveragedModel):
         return 'not a BaseAveragedModel'
+    lacking = [op for op in FOREACH_OPS if not hasattr(torch, op)]
+    if lacking:
+        return (f'torch {torch.__version__} lacks {", ".join(lacking)} '
+                f'(checked on torch {CHECKED_ON["torch"]})')
     if _qualname(stock) not in _UPDATES:
         return (f'{_qualname(stock)} is not a known stock class (its '
                 'avg_func may differ)')

@@ -50,9 +50,35 @@ import torch
 from torch import Tensor
 from torch.optim import SGD, Adam, AdamW, Optimizer
 from torch.optim import adam as _adam_module
+from torch.optim import optimizer as _optimizer_module
 from torch.optim import sgd as _sgd_module
-from torch.optim.optimizer import (_default_to_fused_or_foreach,
-                                   _use_grad_for_differentiable)
+
+from .compat import CHECKED_ON
+
+# torch internals the fused step calls. They are optional: on a torch
+# without one, fuse_optimizer leaves the optimizer stock and says why.
+_INTERNALS = {
+    'torch.optim.optimizer._default_to_fused_or_foreach':
+    getattr(_optimizer_module, '_default_to_fused_or_foreach', None),
+    'torch.optim.optimizer._use_grad_for_differentiable':
+    getattr(_optimizer_module, '_use_grad_for_differentiable', None),
+    'torch.optim.sgd.sgd': getattr(_sgd_module, 'sgd', None),
+    'torch.optim.adam.adam': getattr(_adam_module, 'adam', None),
+    'Optimizer._patch_step_function':
+    getattr(Optimizer, '_patch_step_function', None),
+    'SGD._init_group': getattr(SGD, '_init_group', None),
+    'Adam._init_group': getattr(Adam, '_init_group', None),
+    'torch.compiler.is_compiling':
+    getattr(getattr(torch, 'compiler', None), 'is_compiling', None),
+    # AdamW as Adam(decoupled_weight_decay=True), torch >= 2.7 or so
+    'AdamW as a subclass of Adam': True if issubclass(AdamW, Adam) else None,
+}
+#: The internals this torch lacks (empty on the versions checked).
+MISSING_INTERNALS = [name for name, obj in _INTERNALS.items() if obj is None]
+_default_to_fused_or_foreach = _INTERNALS[
+    'torch.optim.optimizer._default_to_fused_or_foreach']
+_use_grad_for_differentiable = _INTERNALS[
+    'torch.optim.optimizer._use_grad_for_differentiable'] or (lambda f: f)
 
 # Group keys each functional reads, besides the tensors and the path flags.
 _SGD_KEYS = ('lr', 'momentum', 'dampening', 'weight_decay', 'nesterov',
@@ -446,6 +472,10 @@ def fuse_optimizer(optimizer: Optimizer) -> str:
     """
     name = type(optimizer).__name__
     stock = _STOCK.get(type(optimizer), type(optimizer))
+    if MISSING_INTERNALS:
+        return (f'optimizer: {name} left stock (torch {torch.__version__} '
+                f'lacks {", ".join(MISSING_INTERNALS)}, which the fused '
+                f'step uses; checked on torch {CHECKED_ON["torch"]})')
     if stock not in _FUSED:
         return (f'optimizer: {name} left stock (only torch.optim.SGD, Adam '
                 'and AdamW themselves have a fused step)')

@@ -13,12 +13,12 @@ from torch.utils.data import DataLoader
 
 from .collate import (PackedCollate, is_packed_collate,
                       reporting_worker_states)
+from .compat import LOADER_CONFIGS, check_runner, loader_config
 from .foreach_ema import fuse_ema
 from .fused_optim import fuse_optim_wrapper
 from .loader import make_fast
 from .resume import needs_worker_states
-from .restart import (LOADER_CONFIGS, rebuild_started, sampler_names,
-                      started_iterators)
+from .restart import rebuild_started, sampler_names, started_iterators
 from .wrappers import FastDataParallel, FastDistributedDataParallel
 from .wrappers.data_parallel import module_device
 
@@ -139,19 +139,20 @@ class FastParallelHook(Hook):
         Args:
             runner (Runner): The runner.
         """
+        check_runner(runner)
         self.enabled = self._wrap_model(runner)
         if not self.enabled:
             return
         pin = self.pin_memory
         if pin is None:
             pin = module_device(runner.model.module).type == 'cuda'
-        for name, cfg_name in LOADER_CONFIGS.items():
+        for name in LOADER_CONFIGS:
             loop = getattr(runner, name, None)
             loader = getattr(loop, 'dataloader', None) if isinstance(
                 loop, BaseLoop) else None
             if isinstance(loader, DataLoader):
                 self._install(runner, name[1:-len('_loop')], loop,
-                              getattr(runner, cfg_name, None), pin)
+                              loader_config(runner, name), pin)
 
     def before_train(self, runner) -> None:
         """Fuses the optimizer step and the EMA updates.

@@ -16,9 +16,16 @@ from typing import Any
 
 from torch.autograd import profiler
 from torch.utils.data import DataLoader
-from torch.utils.data.dataloader import (_BaseDataLoaderIter, _DatasetKind,
-                                         _MultiProcessingDataLoaderIter,
-                                         _SingleProcessDataLoaderIter)
+
+from .compat import check_dataloader_internals, dataloader_class
+
+# torch internals, by name: a torch without one fails here, with a message
+# that names it (fast_parallel.compat).
+_BaseDataLoaderIter = dataloader_class('_BaseDataLoaderIter')
+_DatasetKind = dataloader_class('_DatasetKind')
+_MultiProcessingDataLoaderIter = dataloader_class(
+    '_MultiProcessingDataLoaderIter')
+_SingleProcessDataLoaderIter = dataloader_class('_SingleProcessDataLoaderIter')
 
 
 class _UnlabelledNext:
@@ -89,8 +96,13 @@ def make_fast(loader: DataLoader) -> bool:
 
     Returns:
         bool: Whether the class changed.
+
+    Raises:
+        CompatError: When the installed torch lacks an internal the fast
+            iterators use (:mod:`fast_parallel.compat`).
     """
     if type(loader) is not DataLoader:
         return False
+    check_dataloader_internals()
     loader.__class__ = FastDataLoader
     return True

@@ -23,6 +23,7 @@ import torch
 from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
+from mmengine.registry import HOOKS
 from mmengine.runner import Runner
 
 from .config import disable, enable
@@ -166,6 +167,51 @@ class ParityRecorderHook(Hook):
             k: float(v) if isinstance(v, (int, float)) else str(v)
             for k, v in (metrics or {}).items()
         }
+
+
+@HOOKS.register_module()
+class PerturbFirstBatchHook(Hook):
+    """Adds 1.0 to one value of the first training batch: a known change.
+
+    For ``tools/parity.py --fast-hooks PerturbFirstBatchHook``: the fast run
+    then trains on a batch that differs from stock's in one number (the
+    first element of the float32 buffer of a packed batch, else of the first
+    floating-point tensor found), and the report must say DIFFERENT. It
+    shows the checker is awake; nothing else uses it.
+    """
+
+    def before_train_iter(self, runner, batch_idx: int,
+                          data_batch=None) -> None:
+        """Changes the first batch in place."""
+        if batch_idx != 0 or getattr(runner, 'iter', 0) != 0:
+            return
+        if isinstance(data_batch, PackedBatch):
+            buffer = data_batch.buffers.get(torch.float32)
+            if buffer is None:
+                buffer = next(b for b in data_batch.buffers.values())
+            buffer.view(-1)[0] += 1
+            return
+        tensor = _first_float(data_batch)
+        if tensor is None:
+            raise ValueError('PerturbFirstBatchHook: the first batch holds '
+                             'no floating-point tensor to change')
+        tensor.view(-1)[0] += 1
+
+
+def _first_float(tree: Any) -> Optional[torch.Tensor]:
+    """The first floating-point tensor in a collated batch (depth first)."""
+    if isinstance(tree, torch.Tensor):
+        return tree if tree.is_floating_point() and tree.numel() else None
+    if isinstance(tree, dict):
+        tree = list(tree.values())
+    elif hasattr(tree, 'all_items'):  # BaseDataElement
+        tree = [v for _, v in tree.all_items()]
+    if isinstance(tree, (list, tuple)):
+        for item in tree:
+            found = _first_float(item)
+            if found is not None:
+                return found
+    return None
 
 
 def parity_config(cfg: Config, path: str, iters: int, evaluate: bool,

@@ -38,14 +38,11 @@ from typing import Any, Callable, List, Optional, Tuple
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
-from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-#: ``Runner`` attribute holding each loop's DataLoader config.
-LOADER_CONFIGS = {
-    '_train_loop': '_train_dataloader',
-    '_val_loop': '_val_dataloader',
-    '_test_loop': '_test_dataloader',
-}
+from .compat import (LOADER_CONFIGS, dataloader_class,  # noqa: F401
+                     randomness_config)
+
+_BaseDataLoaderIter = dataloader_class('_BaseDataLoaderIter')
 
 
 class _SharedRef:
@@ -161,7 +158,7 @@ def _build_like(runner: Any, cfg: Any, old: DataLoader,
     # The dataset is built already (and sliced, with num_batch_per_epoch).
     cfg.pop('num_batch_per_epoch', None)
     cfg['dataset'] = _SharedRef(old.dataset)
-    diff_rank_seed = runner._randomness_cfg.get('diff_rank_seed', False)
+    diff_rank_seed = randomness_config(runner).get('diff_rank_seed', False)
     new = runner.build_dataloader(
         cfg, seed=seed, diff_rank_seed=diff_rank_seed)
     for what in ('dataset', 'sampler', 'batch_sampler'):

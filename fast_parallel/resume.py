@@ -111,6 +111,7 @@ from mmengine.registry import HOOKS
 from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
 from torch.utils.data import DataLoader
 
+from .compat import loader_config, loop_progress, private
 from .loader import FastDataLoader, make_fast
 from .packing import PackedBatch
 from .restart import rebuild_started, started_iterators
@@ -369,7 +370,8 @@ class ExactResumeHook(Hook):
         if self._pending is None or seed == self._built_seed:
             return
         loop = runner.train_loop
-        why = rebuild_started(runner, loop, runner._train_dataloader,
+        why = rebuild_started(runner, loop,
+                              loader_config(runner, '_train_loop'),
                               partial(_same_as, loop.dataloader), seed=seed)
         if why is None:
             runner.logger.info(
@@ -490,12 +492,13 @@ def _validated_after(
     make, at the same ``_iter`` / ``_epoch``.
     """
     if isinstance(loop, IterBasedTrainLoop):
-        done, last = loop._iter, loop.max_iters
+        done, last = loop_progress(loop), loop.max_iters
     elif isinstance(loop, EpochBasedTrainLoop):
-        done, last = loop._epoch, loop.max_epochs
+        done, last = loop_progress(loop), loop.max_epochs
     else:
         return False
-    loop._decide_current_val_interval()
+    private(loop, '_decide_current_val_interval', 'mmengine',
+            'exact resume (the validation interval)')()
     return (done > 0 and loop.runner.val_loop is not None
             and done >= loop.val_begin
             and (done % loop.val_interval == 0 or done == last))

@@ -33,9 +33,12 @@ else
   export PIP_CONSTRAINT="$PWD/$VENV/constraints.txt"
 fi
 
+# torch's metadata asks for setuptools>=77; mmengine 0.10 needs pkg_resources
+# and mmcv 2.1 builds with setuptools<70, which works with torch at run time:
+# --no-warn-conflicts keeps pip from printing that known conflict as an ERROR.
 has 'import wheel, ninja, numpy, cv2, setuptools as s
 assert int(s.__version__.split(".")[0]) < 70 and numpy.__version__ < "2"' \
-  || $PIP install -r requirements/build.txt
+  || $PIP install --no-warn-conflicts -r requirements/build.txt
 
 # mmcv 2.1.0 with ops: PyPI has only its source; about 7 minutes on 2 cores.
 # pip's wheel cache keeps the built wheel, so a new venv reuses it.
@@ -45,7 +48,7 @@ has 'import mmdet3d' || $PIP install --no-deps -r requirements/mmdet3d.txt
 has 'import nuscenes, lyft_dataset_sdk, numba, trimesh, plyfile, skimage' \
   || $PIP install -r requirements/mmdet3d-deps.txt
 has 'import pytest, hypothesis' || $PIP install -r requirements/tests.txt
- show fast_parallel >/dev/null 2>&1 || $PIP install --no-build-isolation --no-deps -e .
+$PIP show fast_parallel >/dev/null 2>&1 || $PIP install --no-build-isolation --no-deps -e .
 "$PY" -c 'import torch, mmcv, mmcv.ops, mmengine, mmdet, mmdet3d, fast_parallel
 print("environment ready: torch", torch.__version__, "mmcv", mmcv.__version__,
       "mmengine", mmengine.__version__, "mmdet", mmdet.__version__,

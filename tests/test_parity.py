@@ -7,13 +7,11 @@ import pytest
 import torch
 from conftest import load_tool
 from mmengine.dataset import pseudo_collate
-from mmengine.hooks import Hook
-from mmengine.registry import HOOKS
 from mmengine.utils import get_installed_path
 from models import CONFIGS
 from runner_utils import data_options
 
-from fast_parallel import PackedBatch, packed_collate
+from fast_parallel import packed_collate
 from fast_parallel.parity import (ORDER_ROW, ParityRecorderHook,
                                   batch_sample_ids, compare, format_table,
                                   params_checksum, verdict)
@@ -57,20 +55,10 @@ def test_parity_identical_with_eval(kind, sample_data, tmp_path, capsys):
     assert len(report['fast']['losses']) == 2
 
 
-@HOOKS.register_module()
-class PerturbOneValueHook(Hook):
-    """Changes one value of the first packed batch (fast path only)."""
-
-    def before_train_iter(self, runner, batch_idx, data_batch=None):
-        if batch_idx == 0:
-            assert isinstance(data_batch, PackedBatch)
-            data_batch.buffers[torch.float32][0] += 1.0
-
-
 def test_parity_catches_one_changed_value(sample_data, tmp_path, capsys):
     code = parity.main([
         CONFIGS['yolox'], '--iters', '1', '--work-dir', str(tmp_path),
-        '--fast-hooks', 'PerturbOneValueHook', '--cfg-options',
+        '--fast-hooks', 'PerturbFirstBatchHook', '--cfg-options',
         *parity_options('yolox', sample_data)
     ])
     printed = capsys.readouterr().out

@@ -121,8 +121,8 @@ def test_coco_size_option_and_remake(tool, tmp_path, capsys):
     tool.make_coco(out / 'coco', 3, 2, seed=0, size=(480, 640))
     doc = json.loads((out / 'coco/annotations/instances_train2017.json')
                      .read_text())
-    sides = [v for img in doc['images'] for v in (img['width'],
-                                                   img['height'])]
+    sides = [v for img in doc['images']
+             for v in (img['width'], img['height'])]
     assert all(480 <= v <= 640 for v in sides) and len(set(sides)) > 1
     import cv2
     first = doc['images'][0]

@@ -84,3 +84,15 @@ def test_dist_train_two_gloo_processes(sample_data, tmp_path):
     # 8 images, 2 per process and iteration, 2 processes: 2 iterations
     assert 'Epoch(train) [1][2/2]' in log and 'transfer_time' in log
     assert (tmp_path / 'epoch_1.pth').exists(), out[-2000:]
+
+
+def test_amp_without_gpu_is_a_clear_error():
+    if torch.cuda.is_available():
+        import pytest
+        pytest.skip('this machine has a GPU: --amp works here')
+    done = subprocess.run(
+        [sys.executable, 'tools/train.py', CONFIGS['yolox'], '--amp'],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert '--amp needs a GPU' in done.stderr
+    assert 'Traceback' not in done.stderr

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Usage: tools/dist_train.sh CONFIG GPUS [train.py options]
 # As mmdet's, on torchrun. NNODES, NODE_RANK, MASTER_ADDR and PORT as upstream;
-# PYTHON picks the interpreter (default: python). On a machine without CUDA the
+# PYTHON picks the interpreter (default: the active environment's python,
+# else this repository's .venv, else python). On a machine without CUDA the
 # processes train on the CPU over gloo, --fast and --no-fast alike, with the
 # wrapper settings of stock (fast_parallel.launch.init_cpu_distributed).
 CONFIG=$1
@@ -10,7 +11,18 @@ NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
 PORT=${PORT:-29500}
 MASTER_ADDR=${MASTER_ADDR:-"127.0.0.1"}
-PYTHON=${PYTHON:-python}
+# The interpreter: $PYTHON if set; else the active virtual environment's or
+# conda's python; else this repository's .venv (made by `make`); else python.
+if [ -z "${PYTHON:-}" ]; then
+  ROOT_VENV="$(dirname "$0")/../.venv/bin/python"
+  if [ -n "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ]; then
+    PYTHON=python
+  elif [ -x "$ROOT_VENV" ]; then
+    PYTHON="$ROOT_VENV"
+  else
+    PYTHON=python
+  fi
+fi
 
 PYTHONPATH="$(dirname "$0")/..":$PYTHONPATH \
 "$PYTHON" -m torch.distributed.run \

@@ -16,7 +16,10 @@ parameters after N iterations and, with --eval, both sets of validation
 metrics. Exits 0 only when all are identical (or within --atol; the order
 must be identical).
 --fast-hooks adds hooks (registered types) to the fast run only: to debug,
-or to check that the checker catches a change.
+or to check that the checker catches a change: `--fast-hooks
+PerturbFirstBatchHook` (shipped, registered by `import fast_parallel`) adds
+1.0 to one value of the fast run's first batch, and the report must say
+DIFFERENT.
 """
 import argparse
 import json

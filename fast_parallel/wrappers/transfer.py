@@ -5,6 +5,7 @@ from typing import Any, Dict, Optional
 import torch
 from mmengine.logging import MessageHub
 
+from ..compat import private
 from ..packing import PackedBatch, stock_transfers
 
 
@@ -123,7 +124,8 @@ def _device_of(batch: PackedBatch) -> Optional[torch.device]:
 
 
 def _publish(mode: str, figures: Dict[str, float]) -> None:
-    if not MessageHub._instance_dict:
+    if not private(MessageHub, '_instance_dict', 'mmengine',
+                   'the transfer figures in the log'):
         return
     hub = MessageHub.get_current_instance()
     for key, value in figures.items():

@@ -1,0 +1,68 @@
+"""fast_parallel.compat: upstream internals are checked, missing ones fail
+loudly with a message that names them; optional parts degrade to stock."""
+import pytest
+import torch
+import torch.utils.data.dataloader as torch_dataloader
+from mmengine.runner import loops
+from torch.utils.data import DataLoader
+
+from fast_parallel import compat, fused_optim
+from fast_parallel.compat import CompatError
+from fast_parallel.loader import FastDataLoader, make_fast
+
+
+def test_this_stack_has_every_internal():
+    compat.check_dataloader_internals.cache_clear()
+    compat.check_dataloader_internals()
+    runner_like = type('Runner', (), dict(
+        _train_dataloader={}, _val_dataloader=None, _test_dataloader=None,
+        _randomness_cfg={}))()
+    compat.check_runner(runner_like)
+    assert fused_optim.MISSING_INTERNALS == []
+
+
+def test_missing_torch_internal_is_named(monkeypatch):
+    monkeypatch.delattr(torch_dataloader._BaseDataLoaderIter, '_next_data')
+    compat.check_dataloader_internals.cache_clear()
+    try:
+        with pytest.raises(CompatError) as error:
+            make_fast(DataLoader([1, 2]))
+    finally:
+        monkeypatch.undo()
+        compat.check_dataloader_internals.cache_clear()
+    message = str(error.value)
+    assert '_BaseDataLoaderIter._next_data' in message
+    assert f'torch {compat.installed_version("torch")}' in message
+    assert 'checked on torch 2.13.0' in message
+    assert 'remove FastParallelHook' in message
+    # with the internal back, the same call works
+    loader = DataLoader([1, 2])
+    assert make_fast(loader) and type(loader) is FastDataLoader
+
+
+@pytest.mark.parametrize('attr', ['_train_dataloader', '_randomness_cfg'])
+def test_missing_runner_internal_is_named(attr):
+    names = dict(_train_dataloader={}, _val_dataloader=None,
+                 _test_dataloader=None, _randomness_cfg={})
+    del names[attr]
+    runner_like = type('Runner', (), names)()
+    with pytest.raises(CompatError, match=f'mmengine internal '
+                       f'`Runner.{attr}`.*checked on mmengine 0.10.7'):
+        compat.check_runner(runner_like)
+
+
+def test_missing_mmengine_iterator_class(monkeypatch):
+    monkeypatch.delattr(loops, '_InfiniteDataloaderIterator')
+    with pytest.raises(CompatError, match='_InfiniteDataloaderIterator'):
+        compat.infinite_iterator_class()
+
+
+def test_fused_optimizer_degrades_to_stock(monkeypatch):
+    monkeypatch.setattr(fused_optim, 'MISSING_INTERNALS',
+                        ['torch.optim.sgd.sgd'])
+    params = [dict(params=[torch.zeros(2, requires_grad=True)])
+              for _ in range(3)]
+    optimizer = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    summary = fused_optim.fuse_optimizer(optimizer)
+    assert type(optimizer) is torch.optim.SGD
+    assert 'left stock' in summary and 'torch.optim.sgd.sgd' in summary
