@@ -22,7 +22,8 @@ allow_mmengine_checkpoints()
 __all__ = [
     'AccuracyParityHook', 'ExactResumeHook', 'FastDataParallel',
     'FastDistributedDataParallel', 'FastParallelHook', 'OpCounter',
-    'PackedBatch', 'PackedCollate', 'PackingError', 'PerturbFirstBatchHook',
+    'PackedBatch', 'PackedCollate', 'PackingError',
+    'PerturbFirstBatchHook',
     'allow_mmengine_checkpoints', 'count_iteration_ops', 'disable', 'enable',
     'fuse_ema', 'fuse_optim_wrapper', 'fuse_optimizer', 'pack',
     'packed_collate', 'register_adapter', 'register_tensor_holder',

@@ -129,7 +129,10 @@ def check_dataloader_internals() -> None:
     for cls, attr in _ITERATOR_METHODS:
         owner = DataLoader if cls == 'DataLoader' else dataloader_class(cls)
         private(owner, attr, 'torch', _LOADER_USE)
-    loader = DataLoader([0])
+    # An iterator draws its base seed: from a generator of its own here, so
+    # that the check leaves the global random state (and so the run) alone.
+    import torch
+    loader = DataLoader([0], generator=torch.Generator())
     private(loader, '_iterator', 'torch', _LOADER_USE)
     iterator = iter(loader)
     for attr in _ITERATOR_STATE:

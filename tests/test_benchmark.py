@@ -23,12 +23,17 @@ def test_quick_mode_writes_complete_json(tmp_path):
             assert r['stock_ms'] > 0 and r['fast_ms'] > 0
             assert r['ratio'] == r['fast_ms'] / r['stock_ms']
             assert r['samples'] == results['settings']['batches']
+            for path in ('stock', 'fast'):
+                assert r[f'{path}_min_ms'] <= r[f'{path}_q1_ms'] <= \
+                    r[f'{path}_ms'] <= r[f'{path}_q3_ms'] <= \
+                    r[f'{path}_max_ms']
         copies = results['transfers'][shape]
         assert copies['fast']['copies'] < copies['stock']['copies']
         assert copies['fast']['bytes'] >= copies['stock']['bytes']
     assert results['transfers']['yolox']['stock']['copies'] == 40
     assert results['gpu']['run'] in (True, False)
     assert png.stat().st_size > 1000
+    assert results['warnings'][0].startswith('--quick')
 
 
 def test_ops_mode_counts_fewer_operations_same_step(tmp_path):

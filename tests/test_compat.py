@@ -66,3 +66,10 @@ def test_fused_optimizer_degrades_to_stock(monkeypatch):
     summary = fused_optim.fuse_optimizer(optimizer)
     assert type(optimizer) is torch.optim.SGD
     assert 'left stock' in summary and 'torch.optim.sgd.sgd' in summary
+
+
+def test_checks_leave_the_global_random_state_alone():
+    compat.check_dataloader_internals.cache_clear()
+    before = torch.get_rng_state()
+    compat.check_dataloader_internals()
+    assert torch.equal(before, torch.get_rng_state())

@@ -175,6 +175,40 @@ def data_path_times(path: str, samples: list, workers: int, batches: int,
     return times
 
 
+def _quartiles(values: List[float]) -> Dict[str, float]:
+    """min, first quartile, third quartile and max of ``values``."""
+    ordered = sorted(values)
+    if len(ordered) < 2:
+        q1 = q3 = ordered[0]
+    else:
+        q1, _, q3 = statistics.quantiles(ordered, n=4)
+    return dict(min=ordered[0], q1=q1, q3=q3, max=ordered[-1])
+
+
+#: A spread ((q3 - q1) / median) above which the report warns.
+NOISY = 0.25
+
+
+def noise_warnings(results: dict, quick: bool) -> List[str]:
+    """Warnings a reader needs before trusting a ratio of the data path."""
+    out = []
+    if quick:
+        out.append('--quick: a few batches, one repeat: a check that the '
+                   'tool works, not a measurement')
+    for shape, by_workers in results['data_path'].items():
+        for workers, r in by_workers.items():
+            for path in PATHS:
+                median = r[f'{path}_ms']
+                spread = (r[f'{path}_q3_ms'] - r[f'{path}_q1_ms']) / median
+                if spread > NOISY:
+                    out.append(
+                        f'{shape}, {workers} workers, {path}: quartiles '
+                        f'{r[f"{path}_q1_ms"]:.2f}-{r[f"{path}_q3_ms"]:.2f} '
+                        f'ms around a median of {median:.2f} ms: the ratio '
+                        'is within the noise')
+    return out
+
+
 def collate_times(samples: list, n: int) -> Dict[str, float]:
     """Median seconds of each collate function on one batch (in-process)."""
     out = {}
@@ -410,7 +444,9 @@ def main(argv=None) -> dict:
                     dict(stock_ms=med['stock'] * 1e3,
                          fast_ms=med['fast'] * 1e3,
                          ratio=med['fast'] / med['stock'],
-                         samples=len(times['fast']))
+                         samples=len(times['fast']),
+                         **{f'{p}_{q}_ms': v * 1e3 for p in PATHS
+                            for q, v in _quartiles(times[p]).items()})
     for shape in args.shapes:
         col = collate_times(samples[shape], 10 if args.quick else 30)
         results['collate'][shape] = dict(
@@ -421,6 +457,7 @@ def main(argv=None) -> dict:
         results['iterations'] = config_iterations(args.config_iters,
                                                   args.repeats)
     results['gpu'] = gpu_section()
+    results['warnings'] = noise_warnings(results, args.quick)
     print(format_report(results))
     if args.json:
         with open(args.json, 'w') as f:
@@ -486,13 +523,23 @@ def plot_train(result: dict, path: str) -> None:
 
 def format_report(results: dict) -> str:
     """Markdown tables of the results."""
-    lines = ['## Main-process data path per batch (median)', '',
-             '| batch | workers | stock ms | fast ms | fast / stock |',
-             '| --- | ---: | ---: | ---: | ---: |']
+    lines = ['## Main-process data path per batch (median, quartiles, '
+             'min-max)', '',
+             '| batch | workers | stock ms | stock q1-q3 | stock min-max | '
+             'fast ms | fast q1-q3 | fast min-max | fast / stock | batches |',
+             '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: '
+             '| ---: |']
+
+    def spread(r: dict, path: str) -> str:
+        return (f'{r[f"{path}_q1_ms"]:.2f}-{r[f"{path}_q3_ms"]:.2f} | '
+                f'{r[f"{path}_min_ms"]:.2f}-{r[f"{path}_max_ms"]:.2f}')
+
     for shape, by_workers in results['data_path'].items():
         for workers, r in by_workers.items():
             lines.append(f'| {shape} | {workers} | {r["stock_ms"]:.2f} | '
-                         f'{r["fast_ms"]:.2f} | {r["ratio"]:.2f} |')
+                         f'{spread(r, "stock")} | {r["fast_ms"]:.2f} | '
+                         f'{spread(r, "fast")} | {r["ratio"]:.2f} | '
+                         f'{r["samples"]} |')
     lines += ['', '## Worker-side collate, copies and bytes per batch', '',
               '| batch | collate stock ms | collate fast ms | copies stock |'
               ' copies fast | bytes stock | bytes fast |',
@@ -526,29 +573,64 @@ def format_report(results: dict) -> str:
                      f'{gpu["gpus"]} GPU(s)')
     else:
         lines.append(f'not run: {gpu["reason"]}')
+    lines += [''] + [f'WARNING: {w}' for w in results.get('warnings', [])]
     return '\n'.join(lines)
 
 
 def plot(results: dict, path: str) -> None:
-    """A bar chart of the main-process data path per batch."""
+    """Charts of the data path (median, quartile bars, batch counts), the
+    worker-side collate time and, with ``--configs``, whole iterations."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    labels, stock, fast = [], [], []
+    panels = 3 if 'iterations' in results else 2
+    fig, axes = plt.subplots(1, panels, figsize=(6 + 4 * panels, 4.5))
+    labels, bars = [], {p: [] for p in PATHS}
+    errs = {p: [[], []] for p in PATHS}
     for shape, by_workers in results['data_path'].items():
         for workers, r in by_workers.items():
-            labels.append(f'{shape}\n{workers} workers')
-            stock.append(r['stock_ms'])
-            fast.append(r['fast_ms'])
+            labels.append(f'{shape}\n{workers} workers\n'
+                          f'n={r["samples"]}')
+            for p in PATHS:
+                bars[p].append(r[f'{p}_ms'])
+                errs[p][0].append(r[f'{p}_ms'] - r[f'{p}_q1_ms'])
+                errs[p][1].append(r[f'{p}_q3_ms'] - r[f'{p}_ms'])
     x = range(len(labels))
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(labels)), 4))
-    ax.bar([i - 0.2 for i in x], stock, 0.4, label='stock')
-    ax.bar([i + 0.2 for i in x], fast, 0.4, label='fast')
+    ax = axes[0]
+    for offset, p in ((-0.2, 'stock'), (0.2, 'fast')):
+        ax.bar([i + offset for i in x], bars[p], 0.4, yerr=errs[p],
+               capsize=3, label=p)
     ax.set_xticks(list(x))
-    ax.set_xticklabels(labels, fontsize=8)
-    ax.set_ylabel('ms per batch (median)')
-    ax.set_title('main-process data path: next() to input on device')
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel('ms per batch (median, q1-q3)')
+    ax.set_title('main process: next() to input on device')
     ax.legend()
+    ax = axes[1]
+    shapes = list(results['collate'])
+    for offset, p in ((-0.2, 'stock'), (0.2, 'fast')):
+        ax.bar([i + offset for i in range(len(shapes))],
+               [results['collate'][s][f'{p}_ms'] for s in shapes], 0.4,
+               label=p)
+    ax.set_xticks(list(range(len(shapes))))
+    ax.set_xticklabels(shapes)
+    ax.set_ylabel('ms per batch (median)')
+    ax.set_title('worker: collate')
+    ax.legend()
+    if 'iterations' in results:
+        ax = axes[2]
+        kinds = list(results['iterations'])
+        for offset, p in ((-0.2, 'stock'), (0.2, 'fast')):
+            r = [results['iterations'][k][p] for k in kinds]
+            med = [v['s_per_iter'] for v in r]
+            lo = [m - min(v['per_repeat']) for m, v in zip(med, r)]
+            hi = [max(v['per_repeat']) - m for m, v in zip(med, r)]
+            ax.bar([i + offset for i in range(len(kinds))], med, 0.4,
+                   yerr=[lo, hi], capsize=3, label=p)
+        ax.set_xticks(list(range(len(kinds))))
+        ax.set_xticklabels(kinds)
+        ax.set_ylabel('s per iteration (median, per-repeat range)')
+        ax.set_title('whole training iteration')
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
