@@ -197,15 +197,23 @@ def noise_warnings(results: dict, quick: bool) -> List[str]:
                    'tool works, not a measurement')
     for shape, by_workers in results['data_path'].items():
         for workers, r in by_workers.items():
+            q = {p: (r[f'{p}_q1_ms'], r[f'{p}_q3_ms']) for p in PATHS}
+            where = f'{shape}, {workers} workers'
+            if q['stock'][0] <= q['fast'][1] and q['fast'][0] <= \
+                    q['stock'][1]:
+                out.append(f'{where}: the quartile ranges of stock '
+                           f'({q["stock"][0]:.2f}-{q["stock"][1]:.2f} ms) '
+                           f'and fast ({q["fast"][0]:.2f}-'
+                           f'{q["fast"][1]:.2f} ms) overlap: the ratio is '
+                           'within the noise')
+                continue
             for path in PATHS:
-                median = r[f'{path}_ms']
-                spread = (r[f'{path}_q3_ms'] - r[f'{path}_q1_ms']) / median
+                spread = (q[path][1] - q[path][0]) / r[f'{path}_ms']
                 if spread > NOISY:
-                    out.append(
-                        f'{shape}, {workers} workers, {path}: quartiles '
-                        f'{r[f"{path}_q1_ms"]:.2f}-{r[f"{path}_q3_ms"]:.2f} '
-                        f'ms around a median of {median:.2f} ms: the ratio '
-                        'is within the noise')
+                    out.append(f'{where}, {path}: quartiles {q[path][0]:.2f}'
+                               f'-{q[path][1]:.2f} ms, {spread:.0%} of the '
+                               'median: the ratio\'s size is uncertain (its '
+                               'direction is not: the ranges do not overlap)')
     return out
 
 
