@@ -45,9 +45,12 @@ assert int(s.__version__.split(".")[0]) < 70 and numpy.__version__ < "2"' \
 has 'import mmcv.ops' || MMCV_WITH_OPS=1 $PIP install --no-build-isolation -r requirements/mmcv.txt
 has 'import mmengine, mmdet' || $PIP install -r requirements/runtime.txt
 has 'import mmdet3d' || $PIP install --no-deps -r requirements/mmdet3d.txt
+# mmdet3d's metadata asks for open3d, left out on purpose (its visualiser
+# only): --no-warn-conflicts keeps pip from printing that as an ERROR.
 has 'import nuscenes, lyft_dataset_sdk, numba, trimesh, plyfile, skimage' \
-  || $PIP install -r requirements/mmdet3d-deps.txt
-has 'import pytest, hypothesis' || $PIP install -r requirements/tests.txt
+  || $PIP install --no-warn-conflicts -r requirements/mmdet3d-deps.txt
+has 'import pytest, hypothesis' \
+  || $PIP install --no-warn-conflicts -r requirements/tests.txt  # open3d, as above
 $PIP show fast_parallel >/dev/null 2>&1 || $PIP install --no-build-isolation --no-deps -e .
 "$PY" -c 'import torch, mmcv, mmcv.ops, mmengine, mmdet, mmdet3d, fast_parallel
 print("environment ready: torch", torch.__version__, "mmcv", mmcv.__version__,
