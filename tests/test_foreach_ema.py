@@ -15,7 +15,7 @@ import subprocess
 import sys
 from collections import Counter
 from types import SimpleNamespace
-from typing import Any, Callable, Dict, Optional
+from typing import Callable, Dict
 
 import pytest
 import torch
@@ -24,10 +24,10 @@ from mmengine.model import (ExponentialMovingAverage, MomentumAnnealingEMA,
                             StochasticWeightAverage)
 from models import ROOT, build_model
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from fast_parallel import foreach_ema
 from fast_parallel.foreach_ema import fuse_ema, is_fused_ema, unfuse_ema
+from fast_parallel.opcount import OpCounter
 
 UPDATES = 5
 CUDA = torch.cuda.is_available()
@@ -330,24 +330,10 @@ def test_importing_never_imports_mmdet():
 
 
 # ------------------------------------------------------------ op counts
-class CountOps(TorchDispatchMode):
-    """Operations the dispatcher sees, views (``detach``) left out."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: Counter = Counter()
-
-    def __torch_dispatch__(self, func: Callable, types: Any, args=(),
-                           kwargs: Optional[Dict[str, Any]] = None) -> Any:
-        if not func.is_view:
-            self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def count_per_update(ema: nn.Module, model: nn.Module) -> Counter:
     ema.update_parameters(model)  # steps == 0: the first copy
     train_a_bit(model, torch.Generator().manual_seed(4))
-    with CountOps() as mode:
+    with OpCounter() as mode:
         ema.update_parameters(model)
     return mode.ops
 

@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fast_parallel.fused_optim import (FusedAdam, FusedAdamW, FusedSGD,
                                        fuse_optim_wrapper, fuse_optimizer,
                                        unfuse_optimizer)
+from fast_parallel.opcount import OpCounter
 
 DEVICES = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
 YOLOX_PARAMWISE = dict(norm_decay_mult=0., bias_decay_mult=0.)
@@ -147,19 +148,6 @@ def _adam_cfg(kind: str, foreach: Optional[bool], **kwargs) -> dict:
                                    custom_keys={'head': dict(lr_mult=0.5)}))
 
 
-class _OpCounter(TorchDispatchMode):
-    """Counts aten operations dispatched, views left out."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == 'aten' and not func.is_view:
-            self.ops += 1
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.fixture(scope='module')
 def yolox_model() -> nn.Module:
     """The real YOLOX model of the sample config (240 parameters)."""
@@ -220,9 +208,9 @@ def test_yolox_ops_per_step_fewer_than_stock(yolox_model):
         _set_grads([stock[0], fused[0]], step)
         per_arm = []
         for _, wrapper in (stock, fused):
-            with _OpCounter() as counter:
+            with OpCounter() as counter:
                 wrapper.optimizer.step()
-            per_arm.append(counter.ops)
+            per_arm.append(counter.total)
         counts.append(tuple(per_arm))
         _assert_twins_equal(stock, fused, f'step {step}')
     assert counts == [(803, 245), (1043, 9), (1043, 9)]
