@@ -11,18 +11,7 @@ NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
 PORT=${PORT:-29500}
 MASTER_ADDR=${MASTER_ADDR:-"127.0.0.1"}
-# The interpreter: $PYTHON if set; else the active virtual environment's or
-# conda's python; else this repository's .venv (made by `make`); else python.
-if [ -z "${PYTHON:-}" ]; then
-  ROOT_VENV="$(dirname "$0")/../.venv/bin/python"
-  if [ -n "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ]; then
-    PYTHON=python
-  elif [ -x "$ROOT_VENV" ]; then
-    PYTHON="$ROOT_VENV"
-  else
-    PYTHON=python
-  fi
-fi
+. "$(dirname "$0")/find_python.sh"
 
 PYTHONPATH="$(dirname "$0")/..":$PYTHONPATH \
 "$PYTHON" -m torch.distributed.run \
