@@ -244,53 +244,23 @@ def _stock_reason(optimizer: Optimizer) -> Optional[str]:
     return None
 
 
-# ----------------------------------------------------------------- SGD ---
+# -------------------------------------------------------- fused step ---
 
 
-def _bucketed_step(optimizer: Optimizer,
-                   closure: Optional[Callable]) -> Any:
+class _FusedStep:
     """The fused ``step`` shared by every optimizer here.
 
-    Runs the closure as torch's ``step`` does, gathers every group into
-    buckets (the optimizer's ``_gather``) and runs each bucket once (its
-    ``_run``).
-
-    Args:
-        optimizer (Optimizer): A fused optimizer.
-        closure (Callable, optional): Re-evaluates the model and returns
-            the loss.
-
-    Returns:
-        The closure's loss, or None.
+    ``step`` runs the stock class's own ``step`` where fusing is out of scope
+    (:func:`_stock_reason`); else it runs the closure as torch's ``step``
+    does, gathers every group into buckets (the subclass's ``_gather``) and
+    runs each bucket once (its ``_run``).
     """
-    loss = None
-    if closure is not None:
-        with torch.enable_grad():
-            loss = closure()
-    buckets: Dict[Hashable, _Bucket] = OrderedDict()
-    for group in optimizer.param_groups:
-        optimizer._gather(group, buckets)
-    for bucket in buckets.values():
-        optimizer._run(bucket)
-    optimizer._fused_calls = len(buckets)
-    return loss
 
+    #: The torch class whose ``step`` runs where fusing is out of scope.
+    _stock_step_of: type = Optimizer
 
-def _sgd_foreach(group: Dict[str, Any], params: List[Tensor]) -> bool:
-    """``foreach`` as ``torch.optim.sgd.sgd`` resolves it for this group."""
-    foreach, fused = group['foreach'], group['fused']
-    if foreach is None and fused is None:
-        _, foreach = _default_to_fused_or_foreach(
-            params, differentiable=False, use_fused=False)
-    return bool(foreach)
-
-
-class FusedSGD(SGD):
-    """``torch.optim.SGD`` stepping with one call per hyper-parameter set.
-
-    Made by :func:`fuse_optimizer` from an existing ``SGD``; only ``step``
-    differs, and its results are the bytes stock ``SGD.step`` gives.
-    """
+    def _before_fused_step(self) -> None:
+        """What stock's ``step`` checks first (nothing by default)."""
 
     @_use_grad_for_differentiable
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
@@ -304,8 +274,41 @@ class FusedSGD(SGD):
             The closure's loss, or None.
         """
         if _stock_reason(self) is not None:
-            return _stock_step(SGD)(self, closure)
-        return _bucketed_step(self, closure)
+            return _stock_step(self._stock_step_of)(self, closure)
+        self._before_fused_step()
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        buckets: Dict[Hashable, _Bucket] = OrderedDict()
+        for group in self.param_groups:
+            self._gather(group, buckets)
+        for bucket in buckets.values():
+            self._run(bucket)
+        self._fused_calls = len(buckets)
+        return loss
+
+
+# ----------------------------------------------------------------- SGD ---
+
+
+def _sgd_foreach(group: Dict[str, Any], params: List[Tensor]) -> bool:
+    """``foreach`` as ``torch.optim.sgd.sgd`` resolves it for this group."""
+    foreach, fused = group['foreach'], group['fused']
+    if foreach is None and fused is None:
+        _, foreach = _default_to_fused_or_foreach(
+            params, differentiable=False, use_fused=False)
+    return bool(foreach)
+
+
+class FusedSGD(_FusedStep, SGD):
+    """``torch.optim.SGD`` stepping with one call per hyper-parameter set.
+
+    Made by :func:`fuse_optimizer` from an existing ``SGD``; only ``step``
+    differs, and its results are the bytes stock ``SGD.step`` gives.
+    """
+
+    _stock_step_of = SGD
 
     def _gather(self, group: Dict[str, Any],
                 buckets: Dict[Hashable, _Bucket]) -> None:
@@ -368,28 +371,18 @@ def _adam_foreach(group: Dict[str, Any], params: List[Tensor]) -> bool:
     return bool(foreach)
 
 
-class _FusedAdamStep:
-    """The fused ``step`` shared by :class:`FusedAdam` and :class:`FusedAdamW`.
+class _FusedAdamStep(_FusedStep):
+    """The fused ``step`` of :class:`FusedAdam` and :class:`FusedAdamW`.
 
     Stock ``AdamW`` has no ``step`` of its own: it runs ``Adam.step`` with
     ``decoupled_weight_decay=True`` in every group, and so does this one.
     """
 
-    @_use_grad_for_differentiable
-    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
-        """Performs one optimisation step, fused across param groups.
+    _stock_step_of = Adam
 
-        Args:
-            closure (Callable, optional): Re-evaluates the model and returns
-                the loss. Defaults to None.
-
-        Returns:
-            The closure's loss, or None.
-        """
-        if _stock_reason(self) is not None:
-            return _stock_step(Adam)(self, closure)
+    def _before_fused_step(self) -> None:
+        """``Adam.step``'s first check."""
         self._accelerator_graph_capture_health_check()
-        return _bucketed_step(self, closure)
 
     def _gather(self, group: Dict[str, Any],
                 buckets: Dict[Hashable, _Bucket]) -> None:
