@@ -175,9 +175,21 @@ def infinite_iterator_class() -> type:
                    'finding the iterator IterBasedTrainLoop started')
 
 
-def loop_progress(loop: Any) -> Any:
-    """Iterations (iteration loop) or epochs (epoch loop) done so far."""
-    name = '_iter' if hasattr(loop, 'max_iters') else '_epoch'
+def loop_progress(loop: Any) -> int:
+    """Iterations (``IterBasedTrainLoop``) or epochs (any other loop, e.g.
+    ``EpochBasedTrainLoop``) done so far.
+
+    Both loop classes have ``max_iters`` and ``max_epochs``, so the class
+    decides, not the attributes.
+
+    Args:
+        loop: An mmengine train loop.
+
+    Returns:
+        int: ``loop._iter`` or ``loop._epoch``.
+    """
+    from mmengine.runner import IterBasedTrainLoop
+    name = '_iter' if isinstance(loop, IterBasedTrainLoop) else '_epoch'
     return private(loop, name, 'mmengine', 'exact resume (the loop counters)')
 
 

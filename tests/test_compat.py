@@ -73,3 +73,13 @@ def test_checks_leave_the_global_random_state_alone():
     before = torch.get_rng_state()
     compat.check_dataloader_internals()
     assert torch.equal(before, torch.get_rng_state())
+
+
+def test_loop_progress_counts_epochs_in_epoch_loops():
+    from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
+    epoch_loop = EpochBasedTrainLoop.__new__(EpochBasedTrainLoop)
+    epoch_loop._epoch, epoch_loop._iter = 2, 8
+    iter_loop = IterBasedTrainLoop.__new__(IterBasedTrainLoop)
+    iter_loop._epoch, iter_loop._iter = 0, 8
+    assert compat.loop_progress(epoch_loop) == 2
+    assert compat.loop_progress(iter_loop) == 8
