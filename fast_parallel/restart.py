@@ -39,8 +39,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from .compat import (LOADER_CONFIGS, dataloader_class,  # noqa: F401
-                     randomness_config)
+from .compat import dataloader_class, randomness_config
 
 _BaseDataLoaderIter = dataloader_class('_BaseDataLoaderIter')
 
