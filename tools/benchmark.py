@@ -318,11 +318,10 @@ def ensure_data(root: str, quick: bool) -> str:
     return str(out)
 
 
-def ops_section(args: argparse.Namespace) -> dict:
+def ops_section(args: argparse.Namespace, data: str) -> dict:
     """``--ops``: op counts of each preset, stock vs fast."""
     from fast_parallel.bench.ops import count_preset
     from fast_parallel.bench.presets import load_preset
-    data = ensure_data(args.data, args.quick)
     out = {}
     for name in args.presets:
         cfg = load_preset(name, data)
@@ -333,11 +332,10 @@ def ops_section(args: argparse.Namespace) -> dict:
     return out
 
 
-def train_section(args: argparse.Namespace) -> dict:
+def train_section(args: argparse.Namespace, data: str) -> dict:
     """``--train``: end-to-end iteration times of the arms."""
     from fast_parallel.bench.presets import PRESETS, data_options
     from fast_parallel.bench.train_time import run_arms
-    data = ensure_data(args.data, args.quick)
     config, kind = PRESETS[args.train_preset]
     options = data_options(kind, data) + [
         f'{k}={v}' for k, v in (args.cfg_options or {}).items()]
@@ -483,11 +481,12 @@ def _modes(args: argparse.Namespace, machine: dict,
     results: dict = dict(machine=machine)
     where = f'{machine["device"]}, {machine["cpus"]} CPUs, torch ' \
         f'{machine["torch"]}'
+    data = ensure_data(args.data, args.quick)  # both modes read it
     if args.ops:
-        results['ops'] = ops_section(args)
+        results['ops'] = ops_section(args, data)
         print(format_ops(results['ops']))
     if args.train:
-        results['train'] = train_section(args)
+        results['train'] = train_section(args, data)
         print(format_train(results['train'], where,
                            cuda=device.type == 'cuda'))
         if args.quick:
