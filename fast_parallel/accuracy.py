@@ -8,6 +8,8 @@ from mmengine.dist import is_main_process
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
+from .compat import loop_length, loop_progress, train_loop
+
 
 @HOOKS.register_module()
 class AccuracyParityHook(Hook):
@@ -72,12 +74,12 @@ class AccuracyParityHook(Hook):
     def after_val_epoch(self, runner, metrics=None) -> None:
         """Checks this validation; logs the verdict after the final one."""
         report = self.check(dict(metrics or {}))
-        loop = runner._train_loop
+        loop = train_loop(runner)
         training = loop is not None and not isinstance(loop, dict)
+        # mmengine gives an IterBasedTrainLoop max_epochs=1: the loop's
+        # class says which counter ends it (fast_parallel.compat).
         report['final'] = not training or (
-            runner.iter >= runner.max_iters
-            if not getattr(loop, '_max_epochs', None) else
-            runner.epoch >= runner.max_epochs)
+            loop_progress(loop) >= loop_length(loop))
         report['iter'], report['epoch'] = runner.iter, runner.epoch
         self.last = report
         if not is_main_process():

@@ -59,7 +59,6 @@ def mmengine_safe_globals() -> List[Any]:
     Returns:
         list: Entries for ``torch.serialization.add_safe_globals``.
     """
-    from numpy.core import multiarray  # numpy 2: numpy._core, same names
     dtypes = {type(np.dtype(t)) for t in (
         'bool', 'int8', 'uint8', 'int16', 'uint16', 'int32', 'uint32',
         'int64', 'uint64', 'float16', 'float32', 'float64')}
@@ -67,11 +66,36 @@ def mmengine_safe_globals() -> List[Any]:
         HistoryBuffer,
         np.ndarray,
         np.dtype,
-        multiarray._reconstruct,
-        multiarray.scalar,
+        *numpy_rebuilders(),
         *sorted(dtypes, key=lambda t: t.__name__),
         (_history_buffer_method, 'builtins.getattr'),
     ]
+
+
+#: Where numpy 1 (``numpy.core``) and numpy 2 (``numpy._core``) pickle
+#: their array and scalar rebuilders from.
+NUMPY_PICKLE_MODULES = ('numpy.core.multiarray', 'numpy._core.multiarray')
+
+
+def numpy_rebuilders() -> List[Any]:
+    """numpy's array and scalar rebuilders, under every name they pickle as.
+
+    The functions are the ones the installed numpy's own ``__reduce__``
+    returns, so they are listed under the module this numpy pickles them
+    from (``numpy.core.multiarray`` for numpy 1, ``numpy._core.multiarray``
+    for numpy 2) without importing either path (numpy 2's ``numpy.core``
+    warns). The other major version's name maps to the same function, so a
+    checkpoint written under either numpy loads under this one.
+
+    Returns:
+        list: The functions, then ``(function, 'module.name')`` entries for
+        the other spelling.
+    """
+    functions = [np.ndarray(0).__reduce__()[0],  # _reconstruct
+                 np.float64(0).__reduce__()[0]]  # scalar
+    aliases = [(fn, f'{module}.{fn.__name__}') for fn in functions
+               for module in NUMPY_PICKLE_MODULES if module != fn.__module__]
+    return functions + aliases
 
 
 def allow_mmengine_checkpoints() -> None:

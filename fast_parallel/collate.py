@@ -7,7 +7,7 @@ from mmengine.registry import FUNCTIONS
 from torch.utils.data import get_worker_info
 
 from .packing import PackedBatch, pack
-from .resume import random_states
+from .random_states import random_states
 from .ring import DEFAULT_RING, SharedRing
 
 
@@ -36,21 +36,30 @@ def worker_states() -> Optional[Tuple[int, dict]]:
 
 
 @FUNCTIONS.register_module()
-def packed_collate(data_batch: Sequence) -> PackedBatch:
-    """``pack(pseudo_collate(data_batch))``.
+def packed_collate(data_batch: Sequence,
+                   inner: Union[Callable, dict, str, None] = None
+                   ) -> PackedBatch:
+    """``pack(pseudo_collate(data_batch))``, or ``pack(inner(data_batch))``.
 
     Use it in any mmdet / mmdet3d config with
-    ``collate_fn=dict(type='packed_collate')``. An empty batch packs to an
-    empty list.
+    ``collate_fn=dict(type='packed_collate')``; a config whose loader
+    collates with something else names it as ``inner``, e.g.
+    ``collate_fn=dict(type='packed_collate',
+    inner=dict(type='default_collate'))``. An empty batch packs to an empty
+    list.
 
     Args:
         data_batch (Sequence): The samples of one batch.
+        inner (callable | dict | str, optional): The collate function to
+            pack the output of (see :func:`build_collate`). Defaults to
+            None: ``pseudo_collate``.
 
     Returns:
         PackedBatch: The batch, one buffer per dtype.
     """
+    collate = pseudo_collate if inner is None else build_collate(inner)
     return _pack_in_ring(
-        pseudo_collate(data_batch) if len(data_batch) else [], DEFAULT_RING)
+        collate(data_batch) if len(data_batch) else [], DEFAULT_RING)
 
 
 def build_collate(cfg: Union[Callable, dict, str]) -> Callable:
@@ -101,9 +110,7 @@ class PackedCollate:
                  ring: Optional[SharedRing] = DEFAULT_RING,
                  worker_states: bool = False) -> None:
         inner = build_collate(inner)
-        if isinstance(inner, PackedCollate):
-            inner = inner.inner
-        self.inner = inner
+        self.inner = packed_inner(inner) or inner
         self.ring = ring
         self.worker_states = worker_states
 
@@ -121,6 +128,26 @@ class PackedCollate:
         return f'PackedCollate({name})'
 
 
+def packed_inner(fn: Any) -> Optional[Callable]:
+    """What a packed collate function packs the output of.
+
+    Args:
+        fn: A collate function.
+
+    Returns:
+        callable | None: ``pseudo_collate`` for ``packed_collate`` (also as
+        the ``functools.partial`` mmengine's Runner builds from
+        ``collate_fn=dict(type='packed_collate', ...)``, with its ``inner``),
+        a ``PackedCollate``'s ``inner``; None for any other function.
+    """
+    if isinstance(fn, PackedCollate):
+        return fn.inner
+    if isinstance(fn, partial) and fn.func is packed_collate and not fn.args:
+        inner = (fn.keywords or {}).get('inner')
+        return pseudo_collate if inner is None else build_collate(inner)
+    return pseudo_collate if fn is packed_collate else None
+
+
 def is_packed_collate(fn: Any) -> bool:
     """Whether ``fn`` already produces ``PackedBatch`` objects.
 
@@ -128,9 +155,50 @@ def is_packed_collate(fn: Any) -> bool:
         fn: A collate function.
 
     Returns:
-        bool: True for ``packed_collate`` and ``PackedCollate`` instances.
+        bool: True for ``packed_collate`` (also as the Runner's
+        ``functools.partial`` of it) and ``PackedCollate`` instances.
     """
-    return fn is packed_collate or isinstance(fn, PackedCollate)
+    return packed_inner(fn) is not None
+
+
+def packed_config_hint(name: str, cfg: Any, pin: bool) -> str:
+    """How a config packs a loop's batches from the start (for warnings).
+
+    A loader built with a packed collate function is packed in its workers
+    from its first batch, so it needs no restart: the data path's gain,
+    with stock's sampler and batches.
+
+    Args:
+        name (str): 'train', 'val' or 'test'.
+        cfg: The loop's DataLoader config (a dict), or the built DataLoader
+            the Runner was given.
+        pin (bool): Also advise ``pin_memory=True`` (a GPU run).
+
+    Returns:
+        str: A sentence with the config line.
+    """
+    if not isinstance(cfg, dict):
+        return ('To pack its batches anyway, build it with '
+                '`collate_fn=fast_parallel.PackedCollate(<its collate_fn>)`.')
+    inner = cfg.get('collate_fn', None) or dict(type='pseudo_collate')
+    line = f'{name}_dataloader.collate_fn=dict(type=\'packed_collate\''
+    if not (isinstance(inner, dict) and dict(inner) == dict(
+            type='pseudo_collate')):
+        line += f', inner={_config_text(inner)}'
+    lines = [line + ')']
+    if pin:
+        lines.append(f'{name}_dataloader.pin_memory=True')
+    return ('To pack its batches all the same (stock\'s batches, from '
+            'stock\'s sampler), set the packed collate in its config from '
+            'the start: `' + '` and `'.join(lines) + '`.')
+
+
+def _config_text(value: Any) -> str:
+    """``dict(type='x', k=1)`` for a config dict; ``repr`` otherwise."""
+    if isinstance(value, dict):
+        return 'dict(' + ', '.join(
+            f'{k}={_config_text(v)}' for k, v in value.items()) + ')'
+    return getattr(value, '__name__', None) or repr(value)
 
 
 def reporting_worker_states(fn: Callable) -> PackedCollate:
@@ -147,6 +215,6 @@ def reporting_worker_states(fn: Callable) -> PackedCollate:
         if fn.worker_states:
             return fn
         return PackedCollate(fn.inner, fn.ring, worker_states=True)
-    if fn is packed_collate:  # the same as PackedCollate()'s defaults
-        return PackedCollate(worker_states=True)
-    return PackedCollate(fn, worker_states=True)
+    # packed_collate (or the Runner's partial of it) is PackedCollate(inner)
+    # with the defaults.
+    return PackedCollate(packed_inner(fn) or fn, worker_states=True)

@@ -188,9 +188,51 @@ def loop_progress(loop: Any) -> int:
     Returns:
         int: ``loop._iter`` or ``loop._epoch``.
     """
-    from mmengine.runner import IterBasedTrainLoop
-    name = '_iter' if isinstance(loop, IterBasedTrainLoop) else '_epoch'
+    name = '_iter' if counts_iterations(loop) else '_epoch'
     return private(loop, name, 'mmengine', 'exact resume (the loop counters)')
+
+
+def counts_iterations(loop: Any) -> bool:
+    """Whether a train loop runs for iterations (``IterBasedTrainLoop``)
+    rather than epochs; the class decides (see :func:`loop_progress`).
+
+    Args:
+        loop: An mmengine train loop.
+
+    Returns:
+        bool: True for ``IterBasedTrainLoop`` and its subclasses.
+    """
+    from mmengine.runner import IterBasedTrainLoop
+    return isinstance(loop, IterBasedTrainLoop)
+
+
+def loop_length(loop: Any) -> int:
+    """What :func:`loop_progress` counts up to: ``max_iters`` for an
+    ``IterBasedTrainLoop``, ``max_epochs`` for any other loop.
+
+    Args:
+        loop: An mmengine train loop.
+
+    Returns:
+        int: The loop's length in its own unit.
+    """
+    return loop.max_iters if counts_iterations(loop) else loop.max_epochs
+
+
+def train_loop(runner: Any) -> Any:
+    """The Runner's train loop as it stands: built, a config not built yet
+    (a run that only validates or tests), or None.
+
+    ``Runner.train_loop`` would build it from its config.
+
+    Args:
+        runner (Runner): The runner.
+
+    Returns:
+        The loop, its config (a dict) or None.
+    """
+    return private(runner, '_train_loop', 'mmengine',
+                   'telling the final validation from the others')
 
 
 def check_runner(runner: Any) -> None:
@@ -205,3 +247,47 @@ def check_runner(runner: Any) -> None:
     cls = infinite_iterator_class()
     for attr in ('__init__', '__next__'):
         private(cls, attr, 'mmengine', 'IterBasedTrainLoop\'s iterator')
+
+
+# ------------------------------------------ persistent workers, resume ---
+_PERSISTENT_USE = 'exact resume (the persistent workers\' iterator)'
+
+
+def persistent_iterator(loader: Any) -> Any:
+    """A DataLoader's persistent iterator (``loader._iterator``), or None.
+    """
+    return private(loader, '_iterator', 'torch', _PERSISTENT_USE)
+
+
+def set_persistent_iterator(loader: Any, iterator: Any) -> None:
+    """Sets ``loader._iterator``, which ``DataLoader.__iter__`` reuses
+    (``_reset``) or, when None, starts anew (``_get_iterator``)."""
+    private(loader, '_iterator', 'torch', _PERSISTENT_USE)
+    loader._iterator = iterator
+
+
+#: mmdet hooks that switch the train pipeline once, restarting persistent
+#: workers to do it, and the attribute that says they have switched
+#: (mmdet 3.3.0). A resumed run's instance starts unswitched: it switches
+#: again in the first resumed epoch, wherever the original switched.
+SWITCH_ONCE_HOOKS = {'YOLOXModeSwitchHook': '_has_switched',
+                     'PipelineSwitchHook': '_has_switched'}
+
+
+def switched_hooks(hooks: Any) -> set:
+    """The names of the switch-once hooks among ``hooks`` that switched.
+
+    Args:
+        hooks (list[Hook]): The Runner's hooks.
+
+    Returns:
+        set[str]: Class names from :data:`SWITCH_ONCE_HOOKS`.
+    """
+    done = set()
+    for hook in hooks:
+        name = type(hook).__name__
+        if name in SWITCH_ONCE_HOOKS and private(
+                hook, SWITCH_ONCE_HOOKS[name], 'mmdet',
+                'exact resume (whether the hook switched the pipeline)'):
+            done.add(name)
+    return done

@@ -31,9 +31,9 @@ def enable(cfg: Config,
         Config: ``cfg``, changed.
     """
     imports = dict(cfg.get('custom_imports', None) or {})
-    names = list(imports.get('imports', []))
-    if isinstance(names, str):
-        names = [names]
+    names = imports.get('imports', [])
+    # mmengine accepts one module name as a plain string.
+    names = [names] if isinstance(names, str) else list(names)
     if 'fast_parallel' not in names:
         names.append('fast_parallel')
     imports['imports'] = names

@@ -11,12 +11,12 @@ from mmengine.runner import BaseLoop
 from torch import nn
 from torch.utils.data import DataLoader
 
-from .collate import (PackedCollate, is_packed_collate,
+from .collate import (PackedCollate, is_packed_collate, packed_config_hint,
                       reporting_worker_states)
 from .compat import LOADER_CONFIGS, check_runner, loader_config
 from .foreach_ema import fuse_ema
 from .fused_optim import fuse_optim_wrapper
-from .loader import make_fast
+from .loader import accelerator_available, make_fast
 from .resume import needs_worker_states
 from .restart import rebuild_started, sampler_names, started_iterators
 from .wrappers import FastDataParallel, FastDistributedDataParallel
@@ -44,6 +44,18 @@ def prepare_loader(loader: DataLoader, pin: bool,
     make_fast(loader)
     if pin and torch.cuda.is_available() and not loader.pin_memory:
         loader.pin_memory = True
+    if loader.pin_memory and not accelerator_available():
+        # torch would not pin (and would warn from fast_parallel/loader.py,
+        # whose iterator calls its __init__): the same batches, no warning.
+        loader.pin_memory = False
+
+
+def _loader_figures(loader: DataLoader) -> str:
+    """``2 workers, pinned`` for the start-of-training line."""
+    workers = loader.num_workers
+    pinned = 'pinned' if loader.pin_memory and accelerator_available() \
+        else 'not pinned'
+    return f'{workers} worker{"" if workers == 1 else "s"}, {pinned}'
 
 
 @HOOKS.register_module()
@@ -82,9 +94,12 @@ class FastParallelHook(Hook):
       ``ExpMomentumEMA``) updates with foreach ops instead of two ops per
       tensor (:mod:`fast_parallel.foreach_ema`).
 
-    The log says what was fused, e.g. ``FastParallelHook: optimizer: SGD
-    240 groups -> 2 fused steps; EMA (ExpMomentumEMA): 388 tensors in 1
-    multi-tensor update``.
+    One log line says that the fast path is on and what it covers, e.g.
+    ``FastParallelHook: on: wrapper FastDataParallel (cuda:0); loaders:
+    train packed (2 workers, pinned), val packed (1 worker, pinned);
+    optimizer: SGD 240 groups -> 2 fused steps; EMA (ExpMomentumEMA): 388
+    tensors in 1 multi-tensor update`` (a loader left stock reads ``train
+    stock (<sampler>: <why>)``, an optimizer left stock says why).
 
     The batches stay stock's, in stock's order: a DataLoader whose iterator
     has not started yet changes in place; one that has (``IterBasedTrainLoop``
@@ -132,6 +147,9 @@ class FastParallelHook(Hook):
         self.foreach_ema = foreach_ema
         self.priority = priority
         self.enabled = False
+        #: Per loop ('train', 'val', 'test'): what ``before_run`` did to its
+        #: DataLoader, as the start-of-training line says it.
+        self.loaders: dict = {}
 
     def before_run(self, runner) -> None:
         """Installs the wrapper and the packed collate function.
@@ -146,13 +164,18 @@ class FastParallelHook(Hook):
         pin = self.pin_memory
         if pin is None:
             pin = module_device(runner.model.module).type == 'cuda'
+        elif pin and not accelerator_available():
+            runner.logger.info(
+                'FastParallelHook: pin_memory=True skipped: no accelerator '
+                'is present, and torch pins memory only for one.')
         for name in LOADER_CONFIGS:
             loop = getattr(runner, name, None)
             loader = getattr(loop, 'dataloader', None) if isinstance(
                 loop, BaseLoop) else None
             if isinstance(loader, DataLoader):
-                self._install(runner, name[1:-len('_loop')], loop,
-                              loader_config(runner, name), pin)
+                kind = name[1:-len('_loop')]
+                self.loaders[kind] = self._install(
+                    runner, kind, loop, loader_config(runner, name), pin)
 
     def before_train(self, runner) -> None:
         """Fuses the optimizer step and the EMA updates.
@@ -175,12 +198,37 @@ class FastParallelHook(Hook):
                 fuse_ema(hook.ema_model) for hook in runner.hooks
                 if isinstance(getattr(hook, 'ema_model', None), nn.Module)
             ]
-        if done:
-            runner.logger.info('FastParallelHook: ' + '; '.join(done))
+        runner.logger.info(self._summary(runner, done))
+
+    def _summary(self, runner, done: Sequence[str]) -> str:
+        """The start-of-training line: what is on, what was left stock.
+
+        Args:
+            runner (Runner): The runner.
+            done (Sequence[str]): What ``before_train`` fused, as logged.
+
+        Returns:
+            str: E.g. ``FastParallelHook: on: wrapper FastDataParallel
+            (cpu); loaders: train packed (2 workers, not pinned), ...;
+            optimizer: SGD 240 groups -> 2 fused steps; EMA ...``.
+        """
+        model = runner.model
+        device = str(module_device(model.module))
+        if self.device_ids:
+            device += f', device_ids {self.device_ids}'
+        parts = [f'wrapper {type(model).__name__} ({device})']
+        if self.loaders:
+            parts.append('loaders: ' + ', '.join(
+                f'{kind} {outcome}' for kind, outcome in self.loaders.items()))
+        parts += done
+        if not self.fuse_optimizer:
+            parts.append('optimizer: left stock (fuse_optimizer=False)')
+        if not self.foreach_ema:
+            parts.append('EMA: left stock (foreach_ema=False)')
+        return 'FastParallelHook: on: ' + '; '.join(parts)
 
     @staticmethod
-    def _install(runner, name: str, loop: BaseLoop, cfg,
-                 pin: bool) -> None:
+    def _install(runner, name: str, loop: BaseLoop, cfg, pin: bool) -> str:
         """The fast path for one loop, on exactly stock's batches.
 
         A loader no iterator has started yet (epoch loops, validation,
@@ -192,6 +240,10 @@ class FastParallelHook(Hook):
         The train loader of an epoch-based loop with persistent workers
         gets a collate function that reports its workers' random states
         (:func:`~fast_parallel.resume.needs_worker_states`).
+
+        Returns:
+            str: What was done, for the start-of-training line, e.g.
+            ``packed (2 workers, pinned)``.
         """
         loader = loop.dataloader
         # Only an epoch loop with persistent workers needs the workers'
@@ -200,17 +252,22 @@ class FastParallelHook(Hook):
         started = started_iterators(loop, loader)
         if not started:
             prepare_loader(loader, pin, worker_states=states)
-            return
+            return f'packed ({_loader_figures(loader)})'
         if is_packed_collate(loader.collate_fn):
-            return  # packed by its config from the start
+            # packed by its config from the start
+            return f'packed by its config ({_loader_figures(loader)})'
         why = rebuild_started(
             runner, loop, cfg,
             partial(prepare_loader, pin=pin, worker_states=states))
-        if why is not None:
-            runner.logger.warning(
-                f'FastParallelHook: the {name} DataLoader '
-                f'({sampler_names(loader)}) stays on the stock data path, '
-                f'so that it trains on the same batches as stock: {why}.')
+        if why is None:
+            return f'packed, rebuilt ({_loader_figures(loop.dataloader)})'
+        runner.logger.warning(
+            f'FastParallelHook: the {name} DataLoader '
+            f'({sampler_names(loader)}) stays on the stock data path, '
+            f'so that it trains on the same batches as stock: {why}. '
+            + packed_config_hint(name, cfg, pin and accelerator_available()))
+        short = why.split(' (')[0].split(',')[0]
+        return f'stock ({sampler_names(loader)}: {short})'
 
     def _wrap_model(self, runner) -> bool:
         model = runner.model

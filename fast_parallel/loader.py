@@ -14,6 +14,7 @@ torch's unchanged: the classes below only override ``__next__``.
 """
 from typing import Any
 
+import torch
 from torch.autograd import profiler
 from torch.utils.data import DataLoader
 
@@ -85,6 +86,22 @@ class FastDataLoader(DataLoader):
             return _SingleProcessIter(self)
         self.check_worker_number_rationality()
         return _MultiProcessingIter(self)
+
+
+def accelerator_available() -> bool:
+    """Whether torch has an accelerator to pin memory for.
+
+    torch's DataLoader pins only then, and warns when ``pin_memory=True``
+    finds none.
+
+    Returns:
+        bool: ``torch.accelerator.is_available()`` (torch >= 2.6), else
+        ``torch.cuda.is_available()``.
+    """
+    accelerator = getattr(torch, 'accelerator', None)
+    if accelerator is not None:
+        return accelerator.is_available()
+    return torch.cuda.is_available()
 
 
 def make_fast(loader: DataLoader) -> bool:

@@ -11,6 +11,7 @@ parameters at the end and, optionally, the validation metrics.
 """
 import contextlib
 import copy
+import functools
 import hashlib
 import math
 import os
@@ -74,20 +75,60 @@ def batch_sample_ids(data_batch: Any) -> Optional[List[Any]]:
     Args:
         data_batch: What the train loop hands its hooks: stock's
             ``pseudo_collate`` dict (``data_samples``: a list of data
-            samples) or, on the fast path, a :class:`PackedBatch`, read
-            through ``unpack()`` where it is (no copy to a device).
+            samples, or for mmdet's ``MultiBranch`` a dict of branches, each
+            a list with a data sample or None per sample) or, on the fast
+            path, a :class:`PackedBatch`, read through ``unpack()`` where it
+            is (no copy to a device).
 
     Returns:
         list | None: One id per sample (None for a sample without one), or
-        None for a batch without ``data_samples``.
+        None for a batch without ``data_samples``. For branches, see
+        :func:`branch_sample_ids`.
     """
     if isinstance(data_batch, PackedBatch):
         data_batch = data_batch.unpack()
     samples = data_batch.get('data_samples') if isinstance(
         data_batch, Mapping) else None
+    if isinstance(samples, Mapping):
+        return branch_sample_ids(samples)
     if not isinstance(samples, (list, tuple)):
         return None
     return [sample_id(s) for s in samples]
+
+
+def branch_sample_ids(branches: Mapping) -> Optional[List[Any]]:
+    """The sample ids of a ``MultiBranch`` batch, read branch by branch.
+
+    mmdet's ``MultiBranch`` (semi-supervised detection) packs each sample
+    once per branch (``sup``, ``unsup_teacher``, ``unsup_student``) and
+    leaves None in the branches a sample does not take part in, so after
+    collation ``data_samples`` is ``{branch: [sample or None, ...]}``.
+
+    Args:
+        branches (Mapping): Branch name -> that branch's data samples.
+
+    Returns:
+        list | None: Per sample, the id its branches carry (None where none
+        does; ``{branch: id}`` where its branches disagree), or None when no
+        branch holds a list of samples.
+    """
+    per_branch = {
+        name: [sample_id(s) for s in samples]
+        for name, samples in branches.items()
+        if isinstance(samples, (list, tuple))
+    }
+    if not per_branch:
+        return None
+    ids = []
+    for i in range(max(len(v) for v in per_branch.values())):
+        found = {name: v[i] for name, v in per_branch.items()
+                 if i < len(v) and v[i] is not None}
+        values = list(found.values())
+        if all(v == values[0] for v in values[1:]):
+            ids.append(values[0] if values else None)
+        else:
+            ids.append(found)
+    return ids
 
 
 class ParityRecorderHook(Hook):
@@ -97,7 +138,14 @@ class ParityRecorderHook(Hook):
         record (dict): Filled in place: ``order`` (per iteration, the ids
             of the batch's samples, see :func:`batch_sample_ids`),
             ``losses`` (per iteration, term -> value), ``grad_norm`` (per
-            iteration), ``metrics``.
+            optimizer step, the total gradient norm before any clipping:
+            with ``clip_grad`` by norm, the ``grad_norm`` mmengine logs,
+            i.e. what ``clip_grad_norm_`` returns; without it, the L2 norm
+            of all gradients; None with ``clip_grad`` by value),
+            ``grad_norm_clipped`` (per step, the norm of the gradients
+            ``optimizer.step`` sees, after ``clip_grad``; empty without
+            ``clip_grad``), ``clip_grad`` (the optimizer wrapper's
+            ``clip_grad``, None without) and ``metrics``.
         progress (callable, optional): Called once per iteration.
             Defaults to None.
     """
@@ -107,28 +155,43 @@ class ParityRecorderHook(Hook):
     def __init__(self, record: dict, progress: Optional[Any] = None) -> None:
         self.record = record
         self.progress = progress
-        record.update(order=[], losses=[], grad_norm=[], metrics={},
+        record.update(order=[], losses=[], grad_norm=[],
+                      grad_norm_clipped=[], clip_grad=None, metrics={},
                       packed=0, predictions=None)
         self._predictions = hashlib.sha256()
+        # how many gradient norms mmengine had logged at the last step
+        self._logged: Dict[int, int] = {}
 
     def before_train(self, runner) -> None:
-        """Hooks the optimizer to see the gradients before each step."""
-        optimizer = getattr(runner.optim_wrapper, 'optimizer', None)
-        if optimizer is None:  # OptimWrapperDict: several optimizers
-            optimizers = [w.optimizer for w in runner.optim_wrapper.values()]
+        """Hooks the optimizers to see the gradients before each step
+        (mmengine's ``OptimWrapper.step`` clips them first)."""
+        wrapper = runner.optim_wrapper
+        if getattr(wrapper, 'optimizer', None) is None:  # OptimWrapperDict
+            wrappers = list(wrapper.values())
         else:
-            optimizers = [optimizer]
-        for opt in optimizers:
-            opt.register_step_pre_hook(self._grad_norm)
+            wrappers = [wrapper]
+        for wrapper in wrappers:
+            clip = clip_grad_of(wrapper)
+            if clip is not None:
+                self.record['clip_grad'] = clip
+            wrapper.optimizer.register_step_pre_hook(
+                functools.partial(self._before_step, wrapper, clip))
 
-    def _grad_norm(self, optimizer, args, kwargs) -> None:
+    def _before_step(self, wrapper: Any, clip: Optional[dict], optimizer,
+                     args, kwargs) -> None:
         squares = [
             p.grad.detach().double().pow(2).sum() for group in
             optimizer.param_groups for p in group['params']
             if p.grad is not None
         ]
         norm = torch.stack(squares).sum().sqrt().item() if squares else 0.0
-        self.record['grad_norm'].append(norm)
+        if clip is None:  # nothing clips: these are backward's gradients
+            self.record['grad_norm'].append(norm)
+            return
+        self.record['grad_norm_clipped'].append(norm)
+        self.record['grad_norm'].append(
+            _logged_grad_norm(wrapper, self._logged) if clip['type'] ==
+            'norm' else None)
 
     def before_train_iter(self, runner, batch_idx: int,
                           data_batch=None) -> None:
@@ -167,6 +230,48 @@ class ParityRecorderHook(Hook):
             k: float(v) if isinstance(v, (int, float)) else str(v)
             for k, v in (metrics or {}).items()
         }
+
+
+def clip_grad_of(optim_wrapper: Any) -> Optional[dict]:
+    """The ``clip_grad`` an mmengine optimizer wrapper applies in ``step``.
+
+    Args:
+        optim_wrapper: An ``OptimWrapper`` / ``AmpOptimWrapper``.
+
+    Returns:
+        dict | None: ``type`` ('norm' or 'value') and the clipping function's
+        arguments (``max_norm``, ``norm_type`` / ``clip_value``), or None
+        when the wrapper does not clip.
+    """
+    kwargs = getattr(optim_wrapper, 'clip_grad_kwargs', None)
+    if not kwargs:
+        return None
+    # OptimWrapper logs `train/{grad_name}`: 'grad_norm' or 'grad_value'
+    kind = getattr(optim_wrapper, 'grad_name', 'grad_norm')[len('grad_'):]
+    return dict(type=kind, **kwargs)
+
+
+def _logged_grad_norm(optim_wrapper: Any,
+                      counts: Dict[int, int]) -> Optional[float]:
+    """The ``train/grad_norm`` the wrapper logged in this ``step``, if any.
+
+    ``OptimWrapper.step`` logs what ``clip_grad_norm_`` returns (the total
+    norm before clipping) just before it calls ``optimizer.step``; a step
+    without gradients logs nothing, hence the count.
+
+    Args:
+        optim_wrapper: The ``OptimWrapper`` whose step this is.
+        counts (dict[int, int]): Per wrapper, the number of values logged
+            at its previous step; updated.
+
+    Returns:
+        float | None: The value, or None when this step logged none.
+    """
+    buffer = optim_wrapper.message_hub.log_scalars.get('train/grad_norm')
+    values = [] if buffer is None else buffer.data[0]
+    fresh = len(values) > counts.get(id(optim_wrapper), 0)
+    counts[id(optim_wrapper)] = len(values)
+    return float(values[-1]) if fresh else None
 
 
 @HOOKS.register_module()
@@ -363,6 +468,10 @@ def run_once(cfg: Config, progress: Optional[Any] = None) -> dict:
     return record
 
 
+def _at(values: Sequence[Any], i: int) -> Any:
+    return values[i] if i < len(values) else None
+
+
 def _close(a: Any, b: Any, atol: float) -> bool:
     if isinstance(a, float) and isinstance(b, float):
         if math.isnan(a) or math.isnan(b):
@@ -383,9 +492,13 @@ def compare(stock: dict, fast: dict, atol: float = 0.0) -> List[dict]:
     Returns:
         list[dict]: ``what``, ``stock``, ``fast``, ``same`` per compared
         value: the training order (first; see :func:`order_row`), each loss
-        term of each iteration, each gradient norm, the parameter checksum
-        (or, with ``atol``, the largest parameter difference) and each
-        metric.
+        term of each iteration, each gradient norm (``grad_norm``: before
+        clipping, as mmengine logs it; with ``clip_grad`` also ``grad_norm
+        after clip_grad``, what the optimizer step sees), the parameter
+        checksum (or, with ``atol``, the largest parameter difference) and
+        each metric. The ``packed batches`` row differs by design: it has
+        ``by_design`` (what each path must give) and is ``same`` when both
+        paths give it.
     """
     rows = []
     n = max(len(stock['losses']), len(fast['losses']))
@@ -395,18 +508,26 @@ def compare(stock: dict, fast: dict, atol: float = 0.0) -> List[dict]:
         for key in sorted(set(a) | set(b), key=lambda k: (k != 'loss', k)):
             rows.append(dict(what=f'iter {i + 1} {key}', stock=a.get(key),
                              fast=b.get(key)))
-        ga = stock['grad_norm'][i] if i < len(stock['grad_norm']) else None
-        gb = fast['grad_norm'][i] if i < len(fast['grad_norm']) else None
-        rows.append(dict(what=f'iter {i + 1} grad_norm', stock=ga, fast=gb))
+        for key, what in (('grad_norm', 'grad_norm'),
+                          ('grad_norm_clipped', 'grad_norm after clip_grad')):
+            ga, gb = (_at(record.get(key) or [], i) for record in (stock,
+                                                                   fast))
+            # None on both sides: not recorded (no clip_grad, or by value)
+            if ga is not None or gb is not None:
+                rows.append(dict(what=f'iter {i + 1} {what}', stock=ga,
+                                 fast=gb))
     for row in rows:
         row['same'] = _close(row['stock'], row['fast'], atol)
     # First: when the runs trained on different batches, no loss can match,
     # and this row says why. Sample ids are compared exactly, ``atol`` or not.
     rows.insert(0, order_row(stock.get('order', []), fast.get('order', [])))
     # The check is only worth something if the fast run really ran packed.
+    # The two values differ by design: ``same`` says whether they are what
+    # each path must give (stock none, fast every batch).
     rows.append(dict(what='packed batches', stock=stock['packed'],
                      fast=fast['packed'],
-                     same=stock['packed'] == 0 and fast['packed'] == n > 0))
+                     same=stock['packed'] == 0 and fast['packed'] == n > 0,
+                     by_design=f'stock 0, fast {n}'))
     sa, sb = stock['checksum'], fast['checksum']
     rows.append(dict(what='params sha256', stock=sa['sha256'][:16],
                      fast=sb['sha256'][:16],
@@ -589,7 +710,10 @@ def format_table(rows: List[dict]) -> str:
         rows (list[dict]): The rows.
 
     Returns:
-        str: The table.
+        str: The table. Column ``same``: ``yes`` / ``**NO**``; for a row
+        whose values differ by design (``by_design``, the packed-batch
+        count) ``n/a (differs by design)`` when both paths give what they
+        must, else ``**NO**`` and what they must give.
     """
 
     def show(value: Any) -> str:
@@ -597,12 +721,39 @@ def format_table(rows: List[dict]) -> str:
             return f'{value:.9g}'
         return '-' if value is None else str(value)
 
+    def mark(row: dict) -> str:
+        if row.get('by_design'):
+            return ('n/a (differs by design)' if row['same'] else
+                    f'**NO** (must be {row["by_design"]})')
+        return 'yes' if row['same'] else '**NO**'
+
     width = max([len(r['what']) for r in rows] + [4])
     head = f'| {"what".ljust(width)} | {"stock":>18} | {"fast":>18} | same |'
     lines = [head,
              f'| {"-" * width} | {"-" * 18}: | {"-" * 18}: | :--: |']
     for r in rows:
-        mark = 'yes' if r['same'] else '**NO**'
         lines.append(f'| {r["what"].ljust(width)} | {show(r["stock"]):>18} | '
-                     f'{show(r["fast"]):>18} | {mark} |')
+                     f'{show(r["fast"]):>18} | {mark(r)} |')
     return '\n'.join(lines)
+
+
+def grad_norm_note(record: dict) -> str:
+    """What the gradient-norm rows of a run's table measure.
+
+    Args:
+        record (dict): A :func:`run_once` record (its ``clip_grad``).
+
+    Returns:
+        str: One line for under the table.
+    """
+    clip = record.get('clip_grad')
+    if clip is None:
+        return ('grad_norm: L2 norm of all gradients before each optimizer '
+                'step (the config sets no clip_grad)')
+    args = ', '.join(f'{k}={v}' for k, v in clip.items() if k != 'type')
+    after = ('grad_norm after clip_grad: L2 norm of the gradients the '
+             f'optimizer step sees (clip_grad by {clip["type"]}: {args})')
+    if clip['type'] != 'norm':
+        return after + '; mmengine logs no grad_norm when clipping by value'
+    return ('grad_norm: total norm before clipping, what mmengine logs as '
+            'grad_norm (clip_grad_norm_\'s return); ' + after)

@@ -51,7 +51,13 @@ has 'import nuscenes, lyft_dataset_sdk, numba, trimesh, plyfile, skimage' \
   || $PIP install --no-warn-conflicts -r requirements/mmdet3d-deps.txt
 has 'import pytest, hypothesis' \
   || $PIP install --no-warn-conflicts -r requirements/tests.txt  # open3d, as above
-$PIP show fast_parallel >/dev/null 2>&1 || $PIP install --no-build-isolation --no-deps -e .
+# Editable: the tools run the installed package, so it must be this clone's
+# files (-I: not found through the working directory, as a tool would not).
+"$PY" -I -c 'import importlib.util as u, os, sys
+s = u.find_spec("fast_parallel")
+sys.exit(s is None or os.path.realpath(s.origin) != os.path.realpath(sys.argv[1]))' \
+  "$PWD/fast_parallel/__init__.py" \
+  || $PIP install --no-build-isolation --no-deps -e .
 "$PY" -c 'import torch, mmcv, mmcv.ops, mmengine, mmdet, mmdet3d, fast_parallel
 print("environment ready: torch", torch.__version__, "mmcv", mmcv.__version__,
       "mmengine", mmengine.__version__, "mmdet", mmdet.__version__,

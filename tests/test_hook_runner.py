@@ -29,6 +29,12 @@ OVERRIDES = {
 }
 
 
+def _on_line(log: str) -> str:
+    """The start-of-training line that says the fast path is on."""
+    line, = [ln for ln in log.splitlines() if 'FastParallelHook: on:' in ln]
+    return line
+
+
 @pytest.fixture(scope='module')
 def runs(sample_data, tmp_path_factory):
     """Per config and path, one Runner that trained (1 epoch) and tested."""
@@ -100,11 +106,11 @@ def test_optimizer_and_ema_fused_with_stock_bytes(kind, name, ema, runs):
         assert type(optimizer) is FusedSGD
         assert groups == len(list(fast_runner.model.parameters()))
         assert optimizer._fused_calls == 2  # with and without decay
-        assert (f'FastParallelHook: optimizer: SGD {groups} groups -> 2 '
-                'fused steps') in log
+        assert (f'; optimizer: SGD {groups} groups -> 2 fused steps'
+                ) in _on_line(log)
     else:  # mmdet3d's PointPillars: one group, nothing to fuse
         assert type(optimizer).__name__ == name == 'AdamW' and groups == 1
-        assert 'FastParallelHook: optimizer: AdamW 1 group, left stock' in log
+        assert '; optimizer: AdamW 1 group, left stock' in _on_line(log)
     # the optimizer state is stock's, bit for bit, in stock's layout
     stock_state = stock_runner.optim_wrapper.state_dict()
     fast_state = fast_runner.optim_wrapper.state_dict()
@@ -179,3 +185,22 @@ def test_accuracy_parity_hook_missing_metric_fails():
     assert report['metrics']['a']['passed'] is True
     assert report['metrics']['b']['passed'] is False
     assert report['passed'] is False
+
+
+@pytest.mark.parametrize('kind,workers,fused', [
+    ('yolox', ('2 workers', '1 worker'), 'optimizer: SGD {groups} groups -> '
+     '2 fused steps; EMA (ExpMomentumEMA): '),
+    ('pointpillars', ('0 workers', '0 workers'),
+     'optimizer: AdamW 1 group, left stock (')])
+def test_one_line_says_the_fast_path_is_on(kind, workers, fused, runs):
+    fast = runs(kind, 'fast')
+    runner = fast['runner']
+    log = open(glob.glob(str(fast['work_dir'] / '*' / '*.log'))[0]).read()
+    summary = _on_line(log)
+    device = runner.model.module.data_preprocessor.device
+    pinned = 'pinned' if device.type == 'cuda' else 'not pinned'
+    groups = len(runner.optim_wrapper.optimizer.param_groups)
+    assert (f'FastParallelHook: on: wrapper FastDataParallel ({device}); '
+            f'loaders: train packed ({workers[0]}, {pinned}), '
+            f'val packed ({workers[1]}, {pinned}); '
+            + fused.format(groups=groups)) in summary

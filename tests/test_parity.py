@@ -3,9 +3,11 @@ training-order row on an upstream config with a stateful batch sampler."""
 import json
 import os.path as osp
 
+import numpy as np
 import pytest
 import torch
 from conftest import load_tool
+from mmengine.config import Config
 from mmengine.dataset import pseudo_collate
 from mmengine.utils import get_installed_path
 from models import CONFIGS
@@ -14,7 +16,8 @@ from runner_utils import data_options
 from fast_parallel import packed_collate
 from fast_parallel.parity import (ORDER_ROW, ParityRecorderHook,
                                   batch_sample_ids, compare, format_table,
-                                  params_checksum, verdict)
+                                  params_checksum, parity_config, run_once,
+                                  verdict)
 from fast_parallel.synthetic import pointpillars_samples, yolox_samples
 
 parity = load_tool('parity')
@@ -53,6 +56,54 @@ def test_parity_identical_with_eval(kind, sample_data, tmp_path, capsys):
     assert report['stock']['metrics'] and \
         report['stock']['metrics'] == report['fast']['metrics']
     assert len(report['fast']['losses']) == 2
+    # packed batches: 0 and 2 by design, not "the same"
+    assert 'n/a (differs by design)' in printed
+    assert 'packed batches: as designed (stock 0, fast 2)' in printed
+    clipped = report['stock']['grad_norm_clipped']
+    if kind == 'pointpillars':  # mmdet3d's cyclic-40e schedule clips at 35
+        assert report['stock']['clip_grad'] == dict(type='norm', max_norm=35,
+                                                    norm_type=2)
+        assert 'iter 2 grad_norm after clip_grad' in whats
+        assert len(clipped) == 2 and all(n < 35.001 for n in clipped)
+        assert 'what mmengine logs as grad_norm' in printed
+    else:
+        assert report['stock']['clip_grad'] is None and clipped == []
+        assert 'iter 2 grad_norm after clip_grad' not in whats
+        assert 'the config sets no clip_grad' in printed
+
+
+def test_parity_grad_norm_before_and_after_clip_grad(sample_data, tmp_path,
+                                                     capsys):
+    """With clip_grad, ``grad_norm`` is the norm before clipping (what
+    mmengine logs), ``grad_norm after clip_grad`` what the step sees."""
+    options = parity_options('yolox', sample_data)
+    out = tmp_path / 'report.json'
+    code = parity.main([
+        CONFIGS['yolox'], '--iters', '1', '--out', str(out), '--work-dir',
+        str(tmp_path / 'clip'), '--cfg-options', *options,
+        'optim_wrapper.clip_grad.max_norm=10'
+    ])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    report = json.loads(out.read_text())
+    rows = {r['what']: r for r in report['rows']}
+    before = rows['iter 1 grad_norm']
+    after = rows['iter 1 grad_norm after clip_grad']
+    assert before['same'] and after['same']
+    assert report['stock']['clip_grad'] == dict(type='norm', max_norm=10)
+    assert abs(after['stock'] - 10) < 1e-3 < before['stock'] - 10
+    assert 'clip_grad by norm: max_norm=10' in printed
+    # the same first step without clip_grad: its gradient norm is the
+    # clipped run's norm before clipping
+    args = parity.parse_args([CONFIGS['yolox'], '--iters', '1',
+                              '--cfg-options', *options])
+    cfg = Config.fromfile(CONFIGS['yolox'])
+    cfg.merge_from_dict(args.cfg_options)
+    plain = run_once(parity_config(cfg, 'stock', 1, False,
+                                   str(tmp_path / 'plain')))
+    assert plain['clip_grad'] is None and plain['grad_norm_clipped'] == []
+    assert abs(plain['grad_norm'][0] - before['stock']) < \
+        1e-5 * before['stock']
 
 
 def test_parity_catches_one_changed_value(sample_data, tmp_path, capsys):
@@ -132,6 +183,72 @@ def test_order_row_same_and_different():
     row = compare(stock, fast)[0]
     assert row['first_difference'] == dict(iter=3, stock=[4, 5], fast=None)
     assert row['detail'] == 'iter 3: stock [4, 5] / fast no iteration'
+
+
+def test_sample_ids_of_multibranch_batches():
+    """mmdet's semi-supervised batches: ``data_samples`` is a dict of
+    branches, each with a data sample or None per sample."""
+    from mmdet.registry import TRANSFORMS
+    from mmdet.structures import DetDataSample
+    from mmdet.utils import register_all_modules
+    register_all_modules()
+    branches = ['sup', 'unsup_teacher', 'unsup_student']
+    pack = dict(type='PackDetInputs')
+    sup = TRANSFORMS.build(
+        dict(type='MultiBranch', branch_field=branches, sup=pack))
+    unsup = TRANSFORMS.build(
+        dict(type='MultiBranch', branch_field=branches,
+             unsup_teacher=[pack], unsup_student=[pack]))
+
+    def image(i):
+        return dict(img=np.full((16, 16, 3), i, np.uint8), img_id=i,
+                    img_path=f'coco/{i:06d}.jpg', ori_shape=(16, 16),
+                    img_shape=(16, 16))
+
+    samples = [sup(image(7)), unsup(image(3)), unsup(image(5))]
+    stock = pseudo_collate(samples)
+    assert stock['data_samples']['sup'][1] is None  # the shape read here
+    assert stock['data_samples']['unsup_student'][2].img_id == 5
+    assert batch_sample_ids(stock) == [7, 3, 5]
+    assert batch_sample_ids(packed_collate(samples[::-1])) == [5, 3, 7]
+    # the training-order row reads them on both paths
+    a = recorded([pseudo_collate(samples[:2]), pseudo_collate(samples[2:])])
+    b = recorded([packed_collate(samples[:2]), packed_collate(samples[2:])])
+    row = compare(a, b)[0]
+    assert row['same'] and row['stock'] == row['fast'] == '[7, 3] [5]'
+    c = recorded([packed_collate(samples[1:]), packed_collate(samples[:1])])
+    row = compare(a, c)[0]
+    assert row['first_difference'] == dict(iter=1, stock=[7, 3], fast=[3, 5])
+    # branches of one sample that name different samples: both kept
+    odd = {'data_samples': {
+        'sup': [DetDataSample(metainfo=dict(img_id=1))],
+        'unsup_teacher': [DetDataSample(metainfo=dict(img_id=2))]}}
+    assert batch_sample_ids(odd) == [{'sup': 1, 'unsup_teacher': 2}]
+
+
+def test_packed_batches_row_differs_by_design():
+    samples = yolox_samples(4, size=32, max_boxes=2)
+    stock = recorded([pseudo_collate(samples[i:i + 2]) for i in (0, 2)])
+    fast = recorded([packed_collate(samples[i:i + 2]) for i in (0, 2)])
+
+    def packed_row(rows):
+        (row, ) = [r for r in rows if r['what'] == 'packed batches']
+        (line, ) = [ln for ln in format_table(rows).splitlines()
+                    if ln.startswith('| packed batches')]
+        return row, line
+
+    rows = compare(stock, fast)
+    row, line = packed_row(rows)
+    assert (row['stock'], row['fast'], row['same'], row['by_design']) == (
+        0, 2, True, 'stock 0, fast 2')
+    assert 'n/a (differs by design)' in line and 'yes' not in line
+    assert verdict(rows) == 'IDENTICAL'
+    # a "fast" run that trained on unpacked batches fails the row
+    rows = compare(stock, stock)
+    row, line = packed_row(rows)
+    assert row['same'] is False
+    assert '**NO** (must be stock 0, fast 2)' in line
+    assert verdict(rows) == 'DIFFERENT'
 
 
 @pytest.fixture(scope='module')

@@ -104,3 +104,52 @@ def test_cheap_command_runs_as_printed(command):
     assert done.returncode == CHEAP[command], done.stderr[-3000:]
     if CHEAP[command] == 1:
         assert 'result: DIFFERENT' in done.stdout
+
+
+def _without_scope(tree, scope):
+    """``tree`` (dicts and lists) without its ``_scope_=scope`` keys."""
+    if isinstance(tree, dict):
+        return {k: _without_scope(v, scope) for k, v in tree.items()
+                if not (k == '_scope_' and v == scope)}
+    if isinstance(tree, (list, tuple)):
+        return [_without_scope(v, scope) for v in tree]
+    return tree
+
+
+def test_pointpillars_cpu_block_is_a_working_config(tmp_path):
+    """The README's PointPillars-on-a-CPU block loads as a config on top of
+    mmdet3d's recipe, imports what it names, changes just the db sampler's
+    and the evaluators' types, and those types are registered."""
+    from mmdet3d.datasets.transforms.dbsampler import DataBaseSampler
+    from mmdet3d.evaluation.metrics import KittiMetric
+    from mmdet3d.registry import METRICS, TRANSFORMS
+    from mmengine.config import Config
+    (block, ) = [b for b in re.findall(r'```python\n(.*?)```', README, re.S)
+                 if 'DataBaseSamplerNp124' in b]
+    path = tmp_path / 'pointpillars_cpu.py'
+    path.write_text(block)
+    cfg = Config.fromfile(str(path))  # imports its custom_imports
+    # upstream's recipe alone, read the same way
+    (base_line, ) = [ln for ln in block.splitlines()
+                     if ln.startswith('_base_ = ')]
+    assert 'mmdet3d::pointpillars/' in base_line
+    (tmp_path / 'upstream.py').write_text(base_line + '\n')
+    base = Config.fromfile(str(tmp_path / 'upstream.py'))
+    pipeline = cfg.train_dataloader.dataset.dataset.pipeline
+    expected = base.train_dataloader.dataset.dataset.pipeline
+    (step, ) = [s for s in expected if s.type == 'ObjectSample']
+    # upstream names no type: ObjectSample builds DataBaseSampler then
+    assert step.db_sampler.get('type', 'DataBaseSampler') == 'DataBaseSampler'
+    step.db_sampler['type'] = 'DataBaseSamplerNp124'
+    # all else as upstream (``_base_.train_pipeline`` from another package
+    # comes with ``_scope_='mmdet3d'``, mmdet3d's own scope)
+    assert _without_scope(pipeline, 'mmdet3d') == expected
+    assert issubclass(TRANSFORMS.get('DataBaseSamplerNp124'), DataBaseSampler)
+    for key in ('val_evaluator', 'test_evaluator'):
+        assert cfg[key].type == 'KittiMetricCPU', key
+        assert {k: v for k, v in cfg[key].items() if k != 'type'} == {
+            k: v for k, v in base[key].items() if k != 'type'}, key
+        metric = METRICS.build(cfg[key])
+        assert isinstance(metric, KittiMetric), key
+        assert type(metric).__name__ == 'KittiMetricCPU'
+    assert '_step' not in cfg

@@ -9,6 +9,7 @@ import json
 import math
 import pickle
 import random
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -113,6 +114,32 @@ def test_skip_existing(tool, data, capsys):
     assert capsys.readouterr().out.count('already there, skipped') == 2
     assert {p: p.stat().st_mtime_ns
             for p in data.rglob('*') if p.is_file()} == before
+
+
+def test_progress_lines_and_help(tool, data, tmp_path, capsys):
+    out = tmp_path / 'out'
+    out.mkdir()
+    (out / 'kitti').symlink_to(data / 'kitti')  # all there: skipped
+    tool.make_sample_data(out, coco_images=3)
+    printed = capsys.readouterr().out
+    assert re.search(r'^make_sample_data: COCO 3 train \+ 2 val images, '
+                     r'128-160 px, in \S+/coco \.\.\. done in \d+\.\d s$',
+                     printed, re.M), printed
+    assert printed.count('already there, skipped') == 1
+    with pytest.raises(SystemExit) as exit_:
+        tool.main(['--help'])
+    assert exit_.value.code == 0
+    text = ' '.join(capsys.readouterr().out.split())
+    assert 'KITTI set' in text  # the description
+    for option, default in (('--out OUT', 'data'), ('--coco-images', '8'),
+                            ('--coco-size MIN MAX', '[128, 160]'),
+                            ('--kitti-frames', '6'), ('--seed', '0')):
+        # every option has a help text, which names its default
+        help_ = re.search(rf'{re.escape(option)}(?: \w+)? (\w[^-]*?) '
+                          rf'\(default: ([^)]*)\)', text)
+        assert help_ and help_.group(2).startswith(default), (option, text)
+    assert re.search(r'--skip-existing, --no-skip-existing leave a set alone',
+                     text), text
 
 
 def test_coco_size_option_and_remake(tool, tmp_path, capsys):

@@ -64,20 +64,20 @@ import sys
 import time
 from typing import Callable, Dict, List
 
+import torch
+from mmengine.dataset import pseudo_collate
+from mmengine.model import BaseDataPreprocessor
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+# The installed fast_parallel (pip install -e . to run a clone's edits).
+from fast_parallel import packed_collate
+from fast_parallel.loader import FastDataLoader
+from fast_parallel.packing import stock_transfers
+from fast_parallel.synthetic import pointpillars_samples, yolox_samples
+
+#: The repository (the configs, data/ and tools/ it names are found here).
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import torch  # noqa: E402
-from mmengine.dataset import pseudo_collate  # noqa: E402
-from mmengine.model import BaseDataPreprocessor  # noqa: E402
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from fast_parallel import packed_collate  # noqa: E402
-from fast_parallel.loader import FastDataLoader  # noqa: E402
-from fast_parallel.packing import stock_transfers  # noqa: E402
-from fast_parallel.synthetic import (pointpillars_samples,  # noqa: E402
-                                     yolox_samples)
 
 SHAPES: Dict[str, Callable[[], list]] = {
     'yolox': lambda: yolox_samples(8),

@@ -19,15 +19,14 @@ import os.path as osp
 import subprocess
 import sys
 
+from mmengine.dataset import pseudo_collate
+
+# The installed fast_parallel (pip install -e . to run a clone's edits).
+from fast_parallel import packed_collate
+from fast_parallel.packing import stock_transfers
+from fast_parallel.synthetic import pointpillars_samples, yolox_samples
+
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from mmengine.dataset import pseudo_collate  # noqa: E402
-
-from fast_parallel import packed_collate  # noqa: E402
-from fast_parallel.packing import stock_transfers  # noqa: E402
-from fast_parallel.synthetic import (pointpillars_samples,  # noqa: E402
-                                     yolox_samples)
 
 SMALL_CONFIGS = {
     'yolox': 'configs/yolox/yolox_tiny_fast_sample.py',

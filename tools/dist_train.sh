@@ -12,8 +12,9 @@ NODE_RANK=${NODE_RANK:-0}
 PORT=${PORT:-29500}
 MASTER_ADDR=${MASTER_ADDR:-"127.0.0.1"}
 . "$(dirname "$0")/find_python.sh"
+# The workers import the fast_parallel installed in that interpreter's
+# environment, as mmdet's scripts do (pip install -e . for a clone's edits).
 
-PYTHONPATH="$(dirname "$0")/..":$PYTHONPATH \
 "$PYTHON" -m torch.distributed.run \
     --nnodes="$NNODES" \
     --node_rank="$NODE_RANK" \

@@ -43,13 +43,15 @@ the COCO part only if it was written with the same images, size and seed
 (kept in the annotation files' ``info``).
 """
 import argparse
+import contextlib
 import json
 import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import cv2
 import numpy as np
@@ -598,32 +600,72 @@ def make_sample_data(out: Path,
     if skip_existing and _coco_is(coco, made_with):
         print(f'{coco}: already there, skipped')
     else:
-        make_coco(coco, coco_images, math.ceil(coco_images / 2), seed,
-                  tuple(coco_size))
-        print(f'{coco}: written')
+        val = math.ceil(coco_images / 2)
+        with _progress(f'COCO {coco_images} train + {val} val images, '
+                       f'{coco_size[0]}-{coco_size[1]} px, in {coco}'):
+            make_coco(coco, coco_images, val, seed, tuple(coco_size))
     if skip_existing and _exist(kitti, KITTI_OUTPUTS):
         print(f'{kitti}: already there, skipped')
     else:
         extra = math.ceil(kitti_frames / 2)
-        make_kitti_raw(kitti, kitti_frames, extra, extra, seed)
-        run_kitti_converter(kitti)
-        print(f'{kitti}: written')
+        with _progress(f'KITTI {kitti_frames} train + {extra} val + {extra} '
+                       f'test frames, in {kitti}'):
+            make_kitti_raw(kitti, kitti_frames, extra, extra, seed)
+        with _progress('KITTI infos and gt database (mmdet3d create_data.py '
+                       f'kitti --with-plane; log: {kitti}/create_data.log)'):
+            run_kitti_converter(kitti)
     return out
+
+
+@contextlib.contextmanager
+def _progress(what: str) -> Iterator[None]:
+    """Prints ``make_sample_data: WHAT ...`` and, when the block ends,
+    ``done in N s`` on the same line."""
+    print(f'make_sample_data: {what} ...', end=' ', flush=True)
+    start = time.perf_counter()
+    yield
+    print(f'done in {time.perf_counter() - start:.1f} s', flush=True)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """Parses the command line (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--out', type=Path, default=Path('data'))
-    parser.add_argument('--coco-images', type=int, default=8)
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser, with a help text for every option.
+
+    Returns:
+        argparse.ArgumentParser: The parser.
+    """
+    parser = argparse.ArgumentParser(
+        description='Writes a small, deterministic COCO set (OUT/coco) and '
+        'KITTI set (OUT/kitti, with the infos and gt database of mmdet3d\'s '
+        'create_data.py) for the tests and demos; the sample configs read '
+        '--out data/sample. Everything follows from --seed.')
+    parser.add_argument('--out', type=Path, default=Path('data'),
+                        help='folder to write coco/ and kitti/ into '
+                        '(default: %(default)s)')
+    parser.add_argument('--coco-images', type=int, default=8,
+                        help='COCO train images; val gets half, rounded up '
+                        '(default: %(default)s)')
     parser.add_argument('--coco-size', type=int, nargs=2,
                         default=list(COCO_SIZE), metavar=('MIN', 'MAX'),
-                        help='least and largest COCO image side in pixels')
-    parser.add_argument('--kitti-frames', type=int, default=6)
-    parser.add_argument('--seed', type=int, default=0)
+                        help='least and largest COCO image side in pixels, '
+                        'width and height drawn independently (default: '
+                        '%(default)s; the benchmarks use 480 640)')
+    parser.add_argument('--kitti-frames', type=int, default=6,
+                        help='KITTI train frames; val and test get half each, '
+                        'rounded up (default: %(default)s)')
+    parser.add_argument('--seed', type=int, default=0,
+                        help='random seed of every image, box and point '
+                        '(default: %(default)s)')
     parser.add_argument('--skip-existing', default=True,
-                        action=argparse.BooleanOptionalAction)
-    return parser.parse_args(argv)
+                        action=argparse.BooleanOptionalAction,
+                        help='leave a set alone when all its files exist '
+                        '(COCO: made with the same images, size and seed); '
+                        '--no-skip-existing writes both again')
+    return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, str]:

@@ -10,16 +10,12 @@ predictions with mmengine's ``DumpResults``.
 """
 import argparse
 import json
-import os.path as osp
-import sys
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+from mmengine.dist import is_main_process
 
-from mmengine.dist import is_main_process  # noqa: E402
-
-import fast_parallel  # noqa: E402,F401  (registers, allow-lists checkpoints)
-from fast_parallel.launch import (build_runner, load_config,  # noqa: E402
-                                  parse_common_args)
+# The installed fast_parallel (pip install -e . to run a clone's edits).
+import fast_parallel  # noqa: F401  (registers, allow-lists checkpoints)
+from fast_parallel.launch import build_runner, load_config, parse_common_args
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -11,16 +11,13 @@ from a fast config). ``--resume`` without a path resumes from the latest
 checkpoint in the work dir.
 """
 import argparse
-import os.path as osp
-import sys
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+from mmengine.config import Config
 
-from mmengine.config import Config  # noqa: E402
-
-import fast_parallel  # noqa: E402,F401  (registers, allow-lists checkpoints)
-from fast_parallel.launch import (build_runner, load_config,  # noqa: E402
-                                  parse_common_args)
+# The installed fast_parallel, as mmdet's tools use the installed mmdet: to
+# run a clone's edits, install it editable (pip install -e .).
+import fast_parallel  # noqa: F401  (registers, allow-lists checkpoints)
+from fast_parallel.launch import build_runner, load_config, parse_common_args
 
 
 def parse_args(argv=None) -> argparse.Namespace:

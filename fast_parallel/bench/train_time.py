@@ -4,7 +4,8 @@ Arms:
 
 - ``stock``: the config without fast_parallel (``fast_parallel.disable``);
 - ``stock+pin_memory``: the same with the train DataLoader's
-  ``pin_memory=True``, the one-line change a user could make instead;
+  ``pin_memory=True``, the one-line change a user could make instead
+  (without an accelerator torch pins nothing: the arm runs stock);
 - ``fast``: the config with ``FastParallelHook`` (data path, fused optimizer,
   foreach EMA).
 
@@ -36,6 +37,7 @@ from mmengine.config import Config, DictAction
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
+from ..loader import accelerator_available
 from ..parity import parity_config
 from .presets import ROOT, without_accuracy_check
 
@@ -77,7 +79,8 @@ def arm_config(cfg: Config, arm: str, iters: int, work_dir: str,
         raise ValueError(f'unknown arm {arm!r}; one of {ARMS}')
     run = parity_config(cfg, 'fast' if arm == 'fast' else 'stock', iters,
                         False, work_dir, seed, deterministic=False)
-    if arm == 'stock+pin_memory':
+    if arm == 'stock+pin_memory' and accelerator_available():
+        # without an accelerator torch pins nothing, and warns
         run.train_dataloader.pin_memory = True
     run.custom_hooks = list(run.get('custom_hooks', None) or []) + [
         dict(type='SyncAtIterEndHook')]

@@ -59,11 +59,16 @@ class TransferStats:
 class TransferMixin:
     """Gives a model wrapper ``move_batch`` and ``transfer_stats``.
 
-    The figures of the latest batch also go into the current
-    ``MessageHub`` as ``{mode}/transfer_time`` (seconds),
-    ``{mode}/transfer_copies`` and ``{mode}/transfer_mb``, so the training
-    log shows them next to ``data_time``. On CUDA with pinned buffers the
-    copies are non-blocking: the time is what the host spent issuing them.
+    The figures of the latest training batch also go into the current
+    ``MessageHub`` as ``train/transfer_time`` (seconds),
+    ``train/transfer_copies`` and ``train/transfer_mb``, so the training
+    log shows them next to ``data_time``. Validation and test figures stay
+    out of it: mmengine's ``LogProcessor`` reports every ``val/*`` and
+    ``test/*`` scalar as a metric (the log's metrics line,
+    ``scalars.json``), and metrics are the evaluator's; their per-batch
+    means are in :attr:`transfer_stats` (``FastParallelHook`` logs them).
+    On CUDA with pinned buffers the copies are non-blocking: the time is
+    what the host spent issuing them.
     """
 
     def _stats(self) -> TransferStats:
@@ -113,7 +118,8 @@ class TransferMixin:
         else:  # batches from the DataLoader are on the CPU already
             copies, nbytes = 0, 0
         self._stats().add(mode, time.perf_counter() - start, copies, nbytes)
-        _publish(mode, self._stats().last[mode])
+        if mode == 'train':  # val/test scalars would read as metrics
+            _publish(mode, self._stats().last[mode])
         return data
 
 
