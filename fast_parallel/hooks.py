@@ -11,16 +11,16 @@ from mmengine.runner import BaseLoop
 from torch import nn
 from torch.utils.data import DataLoader
 
-from .collate import (PackedCollate, is_packed_collate, packed_config_hint,
+from fast_parallel.data.collate import (PackedCollate, is_packed_collate, packed_config_hint,
                       reporting_worker_states)
-from .compat import LOADER_CONFIGS, check_runner, loader_config
-from .foreach_ema import fuse_ema
-from .fused_optim import fuse_optim_wrapper
-from .loader import accelerator_available, make_fast
-from .resume import needs_worker_states
-from .restart import rebuild_started, sampler_names, started_iterators
-from .wrappers import FastDataParallel, FastDistributedDataParallel
-from .wrappers.data_parallel import module_device
+from fast_parallel.compat import LOADER_CONFIGS, check_runner, loader_config
+from fast_parallel.step.foreach_ema import fuse_ema
+from fast_parallel.step.fused_optim import fuse_optim_wrapper
+from fast_parallel.data.loader import accelerator_available, make_fast
+from fast_parallel.resume.hook import needs_worker_states
+from fast_parallel.data.rebuild import rebuild_started, sampler_names, started_iterators
+from fast_parallel.wrappers import FastDataParallel, FastDistributedDataParallel
+from fast_parallel.wrappers.data_parallel import module_device
 
 FAST_WRAPPERS = (FastDataParallel, FastDistributedDataParallel)
 
@@ -45,7 +45,7 @@ def prepare_loader(loader: DataLoader, pin: bool,
     if pin and torch.cuda.is_available() and not loader.pin_memory:
         loader.pin_memory = True
     if loader.pin_memory and not accelerator_available():
-        # torch would not pin (and would warn from fast_parallel/loader.py,
+        # torch would not pin (and would warn from fast_parallel/data/loader.py,
         # whose iterator calls its __init__): the same batches, no warning.
         loader.pin_memory = False
 
@@ -76,23 +76,23 @@ class FastParallelHook(Hook):
       ``MMDistributedDataParallel`` (launcher ``pytorch`` & co.);
     - wraps each built loop's DataLoader ``collate_fn`` in
       :class:`~fast_parallel.PackedCollate` and makes the DataLoader a
-      :class:`~fast_parallel.loader.FastDataLoader` (no per-batch profiler
+      :class:`~fast_parallel.data.loader.FastDataLoader` (no per-batch profiler
       scope while no profiler runs);
     - turns ``pin_memory`` on where the model is on a GPU;
     - in an ``EpochBasedTrainLoop`` with persistent workers, has the train
       batches carry their worker's random states, which ``ExactResumeHook``
-      needs for an exact resume (:mod:`fast_parallel.resume`).
+      needs for an exact resume (:mod:`fast_parallel.resume.hook`).
 
     Before training it cuts the step's launch overhead, with the same bytes
     as stock:
 
     - the optimizer (``torch.optim.SGD``, ``Adam``, ``AdamW``) steps with
       one multi-tensor call per distinct set of hyper-parameters instead of
-      one per param group (:mod:`fast_parallel.fused_optim`); groups,
+      one per param group (:mod:`fast_parallel.step.fused_optim`); groups,
       state and checkpoints stay stock's;
     - every ``EMAHook``'s averaged model (mmengine's EMA family, mmdet's
       ``ExpMomentumEMA``) updates with foreach ops instead of two ops per
-      tensor (:mod:`fast_parallel.foreach_ema`).
+      tensor (:mod:`fast_parallel.step.foreach_ema`).
 
     One log line says that the fast path is on and what it covers, e.g.
     ``FastParallelHook: on: wrapper FastDataParallel (cuda:0); loaders:
@@ -106,7 +106,7 @@ class FastParallelHook(Hook):
     starts it, and its workers prefetch, before any hook runs) is built
     again from the loop's config around the same dataset, so that every
     sampler and batch sampler starts where stock's did
-    (:mod:`fast_parallel.restart`). A sampler that draws from the main
+    (:mod:`fast_parallel.data.rebuild`). A sampler that draws from the main
     process's global random state while its iterator starts cannot be
     restarted exactly: that loop stays on the stock path, with a warning
     naming the sampler.
@@ -234,7 +234,7 @@ class FastParallelHook(Hook):
         A loader no iterator has started yet (epoch loops, validation,
         test) changes in place. One already started (``IterBasedTrainLoop``
         starts it when built; its workers have prefetched) is built again
-        from its config (:mod:`fast_parallel.restart`); where that cannot be
+        from its config (:mod:`fast_parallel.data.rebuild`); where that cannot be
         exact the loop stays on the stock path, with a warning.
 
         The train loader of an epoch-based loop with persistent workers
@@ -247,7 +247,7 @@ class FastParallelHook(Hook):
         """
         loader = loop.dataloader
         # Only an epoch loop with persistent workers needs the workers'
-        # random states for an exact resume (see fast_parallel.resume).
+        # random states for an exact resume (see fast_parallel.resume.hook).
         states = name == 'train' and needs_worker_states(loop)
         started = started_iterators(loop, loader)
         if not started:

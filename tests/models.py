@@ -9,7 +9,7 @@ from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from torch import nn
 
-from fast_parallel.synthetic import pointpillars_samples, yolox_samples
+from fast_parallel.bench.synthetic import pointpillars_samples, yolox_samples
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = {

@@ -20,8 +20,8 @@ from mmengine.runner import Runner
 
 import fast_parallel  # noqa: F401  (registers FastParallelHook)
 from fast_parallel import PackedBatch
-from fast_parallel.restart import started_iterators
-from fast_parallel.resume import random_states
+from fast_parallel.data.rebuild import started_iterators
+from fast_parallel.resume.hook import random_states
 
 NUM_IMAGES = 16  # 8 batches of 2 per epoch; 2 workers prefetch 4
 PORTRAIT = {1, 2, 5, 8, 9, 12, 13}  # mixed orientation, no pattern

@@ -1,4 +1,4 @@
-"""fast_parallel/checkpoint.py: mmengine checkpoints load safely, nothing else.
+"""fast_parallel/resume/checkpoint.py: mmengine checkpoints load safely, nothing else.
 """
 import io
 import os
@@ -131,7 +131,7 @@ def test_numpy_allow_list_entries_are_the_real_functions():
     import importlib
     import warnings
 
-    from fast_parallel.checkpoint import numpy_rebuilders
+    from fast_parallel.resume.checkpoint import numpy_rebuilders
     entries = numpy_rebuilders()
     names = set()
     for entry in entries:

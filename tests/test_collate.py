@@ -1,4 +1,4 @@
-"""fast_parallel/collate.py on real mmdet / mmdet3d packed samples."""
+"""fast_parallel/data/collate.py on real mmdet / mmdet3d packed samples."""
 import random
 
 import numpy as np
@@ -13,10 +13,10 @@ from mmengine.structures import InstanceData
 from torch.utils.data import DataLoader, Dataset
 
 from fast_parallel import PackedBatch, PackedCollate, packed_collate
-from fast_parallel.collate import reporting_worker_states
-from fast_parallel.resume import random_states, set_random_states
-from fast_parallel.ring import DEFAULT_RING, SharedRing
-from fast_parallel.synthetic import pointpillars_samples, yolox_samples
+from fast_parallel.data.collate import reporting_worker_states
+from fast_parallel.resume.hook import random_states, set_random_states
+from fast_parallel.data.ring import DEFAULT_RING, SharedRing
+from fast_parallel.bench.synthetic import pointpillars_samples, yolox_samples
 
 SHAPES = {
     # 8 images 3x640x640 uint8, 0..100 boxes (one sample with none)
@@ -54,7 +54,7 @@ def test_packed_collate_equals_stock(shape, seed):
 
 
 def _tensors(tree):
-    from fast_parallel.packing import _Packer
+    from fast_parallel.data.packing import _Packer
     packer = _Packer()
     packer.cast(tree, ())
     return packer.leaves

@@ -2,7 +2,7 @@
 
 ``fast_parallel.enable`` adds no ``model_wrapper_cfg``: the Runner builds the
 wrapper it builds for stock and ``FastParallelHook`` switches its class in
-place. On a machine without CUDA, ``fast_parallel.launch`` gives both paths
+place. On a machine without CUDA, ``fast_parallel.cli`` gives both paths
 ``device_ids=None`` and nothing else.
 """
 import glob
@@ -21,7 +21,7 @@ from test_distributed import free_port
 from test_tools import run_tool
 
 import fast_parallel
-from fast_parallel.launch import (apply_common_args, build_runner,
+from fast_parallel.cli import (apply_common_args, build_runner,
                                   cpu_model_wrapper_cfg)
 
 CONFIG = CONFIGS['yolox']

@@ -1,4 +1,4 @@
-"""fast_parallel/foreach_ema.py: foreach EMA updates, bit for bit stock's.
+"""fast_parallel/step/foreach_ema.py: foreach EMA updates, bit for bit stock's.
 
 The averaged models are the real ones ``EMAHook`` builds (mmengine's
 ``ExponentialMovingAverage``, ``MomentumAnnealingEMA``,
@@ -25,9 +25,9 @@ from mmengine.model import (ExponentialMovingAverage, MomentumAnnealingEMA,
 from models import ROOT, build_model
 from torch import nn
 
-from fast_parallel import foreach_ema
-from fast_parallel.foreach_ema import fuse_ema, is_fused_ema, unfuse_ema
-from fast_parallel.opcount import OpCounter
+from fast_parallel.step import foreach_ema
+from fast_parallel.step.foreach_ema import fuse_ema, is_fused_ema, unfuse_ema
+from fast_parallel.bench.opcount import OpCounter
 
 UPDATES = 5
 CUDA = torch.cuda.is_available()
@@ -324,7 +324,7 @@ def test_fuse_is_idempotent_reversible_and_pickles(monkeypatch):
 
 
 def test_importing_never_imports_mmdet():
-    code = ('import sys, fast_parallel.foreach_ema; '
+    code = ('import sys, fast_parallel.step.foreach_ema; '
             'assert "mmdet" not in sys.modules')
     subprocess.run([sys.executable, '-c', code], check=True, cwd=ROOT)
 

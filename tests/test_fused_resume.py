@@ -24,8 +24,8 @@ from mmengine.runner import Runner
 from models import CONFIGS
 from runner_utils import sample_config
 
-from fast_parallel.foreach_ema import is_fused_ema
-from fast_parallel.fused_optim import FusedSGD
+from fast_parallel.step.foreach_ema import is_fused_ema
+from fast_parallel.step.fused_optim import FusedSGD
 
 ITERS, SAVED = 4, 2
 

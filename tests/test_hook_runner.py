@@ -13,9 +13,9 @@ from runner_utils import loss_history, sample_config
 from torch.utils.data import DataLoader
 
 from fast_parallel import FastDataParallel, PackedCollate
-from fast_parallel.foreach_ema import is_fused_ema
-from fast_parallel.fused_optim import FusedSGD
-from fast_parallel.loader import FastDataLoader
+from fast_parallel.step.foreach_ema import is_fused_ema
+from fast_parallel.step.fused_optim import FusedSGD
+from fast_parallel.data.loader import FastDataLoader
 
 # PointPillars' pipeline JIT-compiles numba code in every new process; one
 # process (num_workers=0) keeps the test short. YOLOX runs with 2 workers.

@@ -1,4 +1,4 @@
-"""fast_parallel/kitti_cpu_eval.py against mmdet3d's kernel, simulated.
+"""fast_parallel/contrib/kitti_metric.py against mmdet3d's kernel, simulated.
 
 The reference numbers come from one child process with
 ``NUMBA_ENABLE_CUDASIM=1`` (it must be set before numba is imported) that
@@ -18,7 +18,7 @@ import pytest
 import torch
 from numba import cuda
 
-from fast_parallel.kitti_cpu_eval import (ROTATE_IOU_MODULE, KittiMetricCPU,
+from fast_parallel.contrib.kitti_metric import (ROTATE_IOU_MODULE, KittiMetricCPU,
                                           _vertex_counts, rotate_iou_cpu_eval,
                                           select_kitti_rotate_iou,
                                           use_cpu_rotate_iou)

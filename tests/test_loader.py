@@ -1,4 +1,4 @@
-"""fast_parallel/loader.py: torch's DataLoader minus the per-batch label."""
+"""fast_parallel/data/loader.py: torch's DataLoader minus the per-batch label."""
 import pytest
 import torch
 from helpers import assert_same_tree
@@ -6,7 +6,7 @@ from mmengine.dataset import pseudo_collate
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from fast_parallel import PackedBatch, packed_collate
-from fast_parallel.loader import FastDataLoader, make_fast
+from fast_parallel.data.loader import FastDataLoader, make_fast
 
 
 class Draws(Dataset):
@@ -53,7 +53,7 @@ def test_persistent_workers_epochs_match():
                           persistent_workers=True)
     epochs_fast = [list(fast) for _ in range(2)]
     assert_same_tree(epochs_fast, epochs_stock)
-    assert type(fast._iterator).__module__ == 'fast_parallel.loader'
+    assert type(fast._iterator).__module__ == 'fast_parallel.data.loader'
 
 
 @pytest.mark.parametrize('workers', [0, 2])

@@ -1,8 +1,8 @@
-"""fast_parallel.opcount: what is counted, and the phases of an iteration."""
+"""fast_parallel.bench.opcount: what is counted, and the phases of an iteration."""
 import torch
 from torch import nn
 
-from fast_parallel.opcount import OpCounter
+from fast_parallel.bench.opcount import OpCounter
 
 
 def test_views_are_left_out_and_backward_is_counted():

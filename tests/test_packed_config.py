@@ -21,9 +21,9 @@ from order_utils import (CASES, ITERS, BatchRecorder, OneParameter,
 from torch.utils.data import default_collate
 
 from fast_parallel import PackedBatch, pack
-from fast_parallel.collate import build_collate, is_packed_collate
-from fast_parallel.packing import stock_transfers
-from fast_parallel.restart import started_iterators
+from fast_parallel.data.collate import build_collate, is_packed_collate
+from fast_parallel.data.packing import stock_transfers
+from fast_parallel.data.rebuild import started_iterators
 
 PACKED = dict(type='packed_collate')
 

@@ -1,4 +1,4 @@
-"""fast_parallel/packing.py: pack / PackedBatch on real and random batches."""
+"""fast_parallel/data/packing.py: pack / PackedBatch on real and random batches."""
 import pickle
 from collections import OrderedDict, namedtuple
 
@@ -12,7 +12,7 @@ from mmengine.model import BaseDataPreprocessor
 from mmengine.structures import BaseDataElement, InstanceData
 
 from fast_parallel import PackingError, pack, register_tensor_holder
-from fast_parallel.packing import ALIGN_BYTES, stock_transfers
+from fast_parallel.data.packing import ALIGN_BYTES, stock_transfers
 
 CPU = torch.device('cpu')
 # ``Tensor.to('meta')`` runs the very code of ``Tensor.to('cuda')`` (the

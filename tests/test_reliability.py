@@ -23,8 +23,8 @@ from test_distributed import free_port
 from torch.utils.data import Dataset
 
 from fast_parallel import PackedCollate, packed_collate
-from fast_parallel.loader import FastDataLoader
-from fast_parallel.synthetic import pointpillars_samples, yolox_samples
+from fast_parallel.data.loader import FastDataLoader
+from fast_parallel.bench.synthetic import pointpillars_samples, yolox_samples
 
 
 def coco_val_dataset(root):
@@ -62,7 +62,7 @@ KILLED_WORKER = textwrap.dedent("""
     import torch
     from torch.utils.data import Dataset
     from fast_parallel import packed_collate
-    from fast_parallel.loader import FastDataLoader
+    from fast_parallel.data.loader import FastDataLoader
 
     class Dies(Dataset):
         def __len__(self):

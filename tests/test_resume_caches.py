@@ -14,7 +14,7 @@ from mmcv.transforms import Compose
 from mmengine.runner import Runner
 from order_utils import BatchRecorder, OneParameter, assert_same_batches
 
-from fast_parallel.resume_workers import stateful_transforms
+from fast_parallel.resume.workers import stateful_transforms
 
 INEXACT = 'this resumed run will not be identical'
 PIPELINE = [

@@ -14,7 +14,7 @@ import pytest
 import torch
 from order_utils import assert_same_batches, batch_ids, train, write_ann_files
 
-from fast_parallel.resume import META_KEY, _resume_plan
+from fast_parallel.resume.hook import META_KEY, _resume_plan
 
 #: A video set: TrackImgSampler shuffles with the seed, and the pipeline's
 #: UniformRefFrameSample draws a reference frame at random for each sample.

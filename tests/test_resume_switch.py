@@ -20,7 +20,7 @@ from models import CONFIGS
 from runner_utils import sample_config
 from test_fused_resume import _differing
 
-from fast_parallel.resume_workers import decide_start
+from fast_parallel.resume.workers import decide_start
 
 EPOCHS = 4
 INEXACT = 'this resumed run will not be identical'

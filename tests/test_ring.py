@@ -1,4 +1,4 @@
-"""fast_parallel/ring.py: shared slots reused across batches, never early."""
+"""fast_parallel/data/ring.py: shared slots reused across batches, never early."""
 import gc
 
 import torch
@@ -7,9 +7,9 @@ from mmengine.dataset import pseudo_collate
 from torch.utils.data import DataLoader, Dataset
 
 from fast_parallel import PackedCollate, packed_collate, pack
-from fast_parallel import ring as ring_module
-from fast_parallel.ring import SharedRing
-from fast_parallel.synthetic import pointpillars_samples
+from fast_parallel.data import ring as ring_module
+from fast_parallel.data.ring import SharedRing
+from fast_parallel.bench.synthetic import pointpillars_samples
 
 
 class Clouds(Dataset):

@@ -304,7 +304,7 @@ def test_kitti_dataset(data):
 
 def test_object_sample(data):
     """ObjectSample adds database Cars (the project's fixed sampler)."""
-    import fast_parallel.mmdet3d_compat  # noqa: F401  registers the sampler
+    import fast_parallel.contrib.db_sampler  # noqa: F401  registers the sampler
     from mmdet3d.registry import DATASETS
     from mmdet3d.utils import register_all_modules
     register_all_modules()

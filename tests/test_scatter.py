@@ -8,7 +8,7 @@ from mmengine.dataset import default_collate, pseudo_collate
 
 from fast_parallel.wrappers import (batch_size_of, chunk_sizes,
                                     gather_log_vars, split_batch)
-from fast_parallel.synthetic import yolox_samples
+from fast_parallel.bench.synthetic import yolox_samples
 
 
 @pytest.mark.parametrize('batch,n', [(8, 2), (8, 3), (7, 4), (3, 8), (1, 2),

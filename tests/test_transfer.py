@@ -1,6 +1,6 @@
 """The per-batch hot path asks the driver nothing: ``PackedBatch.pinned``.
 
-``fast_parallel/packing.py`` records whether a batch's buffers are
+``fast_parallel/data/packing.py`` records whether a batch's buffers are
 page-locked from how they were made; ``fast_parallel/wrappers/transfer.py``
 ``move_batch`` reads that flag instead of calling ``Tensor.is_pinned`` (a
 CUDA driver query per buffer). Pinning needs an accelerator: on a CPU build
@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.pin_memory import pin_memory as pin_thread_step
 
 from fast_parallel import PackedBatch, pack, packed_collate
-from fast_parallel import ring as ring_module
-from fast_parallel.synthetic import yolox_samples
+from fast_parallel.data import ring as ring_module
+from fast_parallel.bench.synthetic import yolox_samples
 from fast_parallel.wrappers.transfer import TransferMixin
 
 CUDA = torch.cuda.is_available()

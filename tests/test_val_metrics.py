@@ -12,7 +12,7 @@ import pytest
 from val_utils import MetricsRecorder, iter_runner, log_text
 
 from fast_parallel import AccuracyParityHook, FastParallelHook
-from fast_parallel.loader import accelerator_available
+from fast_parallel.data.loader import accelerator_available
 
 PARITY = dict(expected={'coco/bbox_mAP': 1.0}, tolerance=0.1,
               source='boxes echoed')

@@ -72,9 +72,9 @@ from tqdm import tqdm
 
 # The installed fast_parallel (pip install -e . to run a clone's edits).
 from fast_parallel import packed_collate
-from fast_parallel.loader import FastDataLoader
-from fast_parallel.packing import stock_transfers
-from fast_parallel.synthetic import pointpillars_samples, yolox_samples
+from fast_parallel.data.loader import FastDataLoader
+from fast_parallel.data.packing import stock_transfers
+from fast_parallel.bench.synthetic import pointpillars_samples, yolox_samples
 
 #: The repository (the configs, data/ and tools/ it names are found here).
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -242,7 +242,7 @@ def config_iterations(iters: int, repeats: int) -> Dict[str, dict]:
     """Seconds per training iteration of the small configs, both paths."""
     from mmengine.config import Config
 
-    from fast_parallel.parity import parity_config, run_once
+    from fast_parallel.parity.runner import parity_config, run_once
     configs = {
         'yolox': 'configs/yolox/yolox_tiny_fast_sample.py',
         'pointpillars':

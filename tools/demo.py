@@ -23,8 +23,8 @@ from mmengine.dataset import pseudo_collate
 
 # The installed fast_parallel (pip install -e . to run a clone's edits).
 from fast_parallel import packed_collate
-from fast_parallel.packing import stock_transfers
-from fast_parallel.synthetic import pointpillars_samples, yolox_samples
+from fast_parallel.data.packing import stock_transfers
+from fast_parallel.bench.synthetic import pointpillars_samples, yolox_samples
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 

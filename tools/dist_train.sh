@@ -4,7 +4,7 @@
 # PYTHON picks the interpreter (default: the active environment's python,
 # else this repository's .venv, else python). On a machine without CUDA the
 # processes train on the CPU over gloo, --fast and --no-fast alike, with the
-# wrapper settings of stock (fast_parallel.launch.init_cpu_distributed).
+# wrapper settings of stock (fast_parallel.cli.init_cpu_distributed).
 CONFIG=$1
 GPUS=$2
 NNODES=${NNODES:-1}

@@ -20,7 +20,7 @@ when all are identical (or within --atol; the order must be identical) and
 every batch of the fast run arrived packed.
 --fast-hooks adds hooks (registered types) to the fast run only: to debug,
 or to check that the checker catches a change: `--fast-hooks
-PerturbFirstBatchHook` (shipped, registered by `import fast_parallel`) adds
+PerturbFirstBatchHook` (shipped in fast_parallel.parity.runner, which this tool imports) adds
 1.0 to one value of the fast run's first batch, and the report must say
 DIFFERENT.
 """
@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 # The installed fast_parallel (pip install -e . to run a clone's edits).
 import fast_parallel  # noqa: F401
-from fast_parallel.parity import format_table, grad_norm_note, run_parity
+from fast_parallel.parity.runner import format_table, grad_norm_note, run_parity
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -15,7 +15,7 @@ from mmengine.dist import is_main_process
 
 # The installed fast_parallel (pip install -e . to run a clone's edits).
 import fast_parallel  # noqa: F401  (registers, allow-lists checkpoints)
-from fast_parallel.launch import build_runner, load_config, parse_common_args
+from fast_parallel.cli import build_runner, load_config, parse_common_args
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -17,7 +17,7 @@ from mmengine.config import Config
 # The installed fast_parallel, as mmdet's tools use the installed mmdet: to
 # run a clone's edits, install it editable (pip install -e .).
 import fast_parallel  # noqa: F401  (registers, allow-lists checkpoints)
-from fast_parallel.launch import build_runner, load_config, parse_common_args
+from fast_parallel.cli import build_runner, load_config, parse_common_args
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -4,15 +4,15 @@ _base_ = 'mmdet3d::pointpillars/pointpillars_hv_secfpn_8xb6-160e_kitti-3d-car.py
 
 custom_imports = dict(
     imports=[
-        'fast_parallel', 'fast_parallel.kitti_cpu_eval',
-        'fast_parallel.mmdet3d_compat'
+        'fast_parallel', 'fast_parallel.contrib.kitti_metric',
+        'fast_parallel.contrib.db_sampler'
     ],
     allow_failed_imports=False)
 
 # The one change to the recipe: mmdet3d 1.4.0's DataBaseSampler uses np.long,
 # which numpy 1.24-1.26 (the pinned numpy<2) no longer has; the registered
 # DataBaseSamplerNp124 is the same sampler with np.int64
-# (fast_parallel/mmdet3d_compat.py).
+# (fast_parallel/contrib/db_sampler.py).
 train_pipeline = _base_.train_pipeline
 for _step in train_pipeline:
     if _step['type'] == 'ObjectSample':
@@ -20,7 +20,7 @@ for _step in train_pipeline:
 train_dataloader = dict(dataset=dict(dataset=dict(pipeline=train_pipeline)))
 
 # KittiMetric on a GPU when numba's CUDA works there, else the CPU kernel
-# with the same results (fast_parallel/kitti_cpu_eval.py).
+# with the same results (fast_parallel/contrib/kitti_metric.py).
 val_evaluator = dict(type='KittiMetricCPU')
 test_evaluator = val_evaluator
 

@@ -7,8 +7,8 @@ _base_ = 'mmdet3d::pointpillars/pointpillars_hv_secfpn_8xb6-160e_kitti-3d-car.py
 
 custom_imports = dict(
     imports=[
-        'fast_parallel', 'fast_parallel.kitti_cpu_eval',
-        'fast_parallel.mmdet3d_compat'
+        'fast_parallel', 'fast_parallel.contrib.kitti_metric',
+        'fast_parallel.contrib.db_sampler'
     ],
     allow_failed_imports=False)
 custom_hooks = [dict(type='FastParallelHook'), dict(type='ExactResumeHook')]

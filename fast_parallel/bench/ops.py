@@ -4,7 +4,7 @@ Each preset trains a few iterations under mmengine's Runner twice in this
 process, on the stock path (``fast_parallel.disable``) and on the fast path,
 from the same seed (so on the same batches), with the optimizer's
 ``foreach`` forced on so that a CPU takes the multi-tensor paths a GPU takes.
-:func:`~fast_parallel.opcount.count_iteration_ops` counts every iteration;
+:func:`~fast_parallel.bench.opcount.count_iteration_ops` counts every iteration;
 the first ``warmup`` are left out of the medians (the optimizer creates its
 state in the first step).
 """
@@ -16,8 +16,8 @@ from typing import Dict, List
 from mmengine.config import Config
 from mmengine.runner import Runner
 
-from ..opcount import PHASES, count_iteration_ops
-from ..parity import parity_config
+from fast_parallel.bench.opcount import PHASES, count_iteration_ops
+from fast_parallel.parity.runner import parity_config
 
 PATHS = ('stock', 'fast')
 
@@ -55,7 +55,7 @@ def count_run(cfg: Config) -> List[dict]:
         cfg (Config): From :func:`ops_config`.
 
     Returns:
-        list[dict]: See :func:`~fast_parallel.opcount.count_iteration_ops`.
+        list[dict]: See :func:`~fast_parallel.bench.opcount.count_iteration_ops`.
     """
     runner = Runner.from_cfg(cfg)
     record = count_iteration_ops(runner)

@@ -37,9 +37,9 @@ from mmengine.config import Config, DictAction
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
-from ..loader import accelerator_available
-from ..parity import parity_config
-from .presets import ROOT, without_accuracy_check
+from fast_parallel.data.loader import accelerator_available
+from fast_parallel.parity.runner import parity_config
+from fast_parallel.bench.presets import ROOT, without_accuracy_check
 
 ARMS = ('stock', 'stock+pin_memory', 'fast')
 

@@ -7,9 +7,9 @@ from mmengine.registry import MODEL_WRAPPERS
 from torch import nn
 from torch.nn.parallel import parallel_apply, replicate
 
-from ..packing import PackedBatch, pack
-from .scatter import batch_size_of, chunk_sizes, gather_log_vars, split_batch
-from .transfer import TransferMixin
+from fast_parallel.data.packing import PackedBatch, pack
+from fast_parallel.wrappers.scatter import batch_size_of, chunk_sizes, gather_log_vars, split_batch
+from fast_parallel.wrappers.transfer import TransferMixin
 
 
 def module_device(module: nn.Module) -> torch.device:

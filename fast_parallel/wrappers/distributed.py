@@ -7,8 +7,8 @@ from mmengine.model import MMDistributedDataParallel
 from mmengine.optim import OptimWrapper
 from mmengine.registry import MODEL_WRAPPERS
 
-from .data_parallel import module_device
-from .transfer import TransferMixin
+from fast_parallel.wrappers.data_parallel import module_device
+from fast_parallel.wrappers.transfer import TransferMixin
 
 
 @MODEL_WRAPPERS.register_module()
@@ -35,9 +35,9 @@ class FastDistributedDataParallel(TransferMixin, MMDistributedDataParallel):
             ``device_ids`` is dropped for a model on the CPU (the Runner
             passes ``[LOCAL_RANK]``, which DDP refuses for CPU modules), so
             a config naming this wrapper also trains under gloo on the CPU
-            when the Runner is built without ``fast_parallel.launch`` (the
+            when the Runner is built without ``fast_parallel.cli`` (the
             tools give both paths ``device_ids=None`` themselves, see
-            :func:`~fast_parallel.launch.init_cpu_distributed`).
+            :func:`~fast_parallel.cli.init_cpu_distributed`).
     """
 
     def __init__(self,

@@ -5,8 +5,8 @@ from typing import Any, Dict, Optional
 import torch
 from mmengine.logging import MessageHub
 
-from ..compat import private
-from ..packing import PackedBatch, stock_transfers
+from fast_parallel.compat import private
+from fast_parallel.data.packing import PackedBatch, stock_transfers
 
 
 class TransferStats:

@@ -10,11 +10,11 @@ import torch
 from mmengine.runner import EpochBasedTrainLoop
 from torch.utils.data import DataLoader
 
-from .compat import (persistent_iterator, set_persistent_iterator,
+from fast_parallel.compat import (persistent_iterator, set_persistent_iterator,
                      switched_hooks)
-from .loader import FastDataLoader
-from .packing import PackedBatch
-from .random_states import set_random_states
+from fast_parallel.data.loader import FastDataLoader
+from fast_parallel.data.packing import PackedBatch
+from fast_parallel.random_states import set_random_states
 
 
 def needs_worker_states(loop) -> bool:

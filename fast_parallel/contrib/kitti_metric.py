@@ -37,7 +37,7 @@ This module provides:
 * :class:`KittiMetricCPU`: ``KittiMetric`` whose ``compute_metrics`` runs
   inside that context manager when the CPU path is selected. Use it in a
   config with ``val_evaluator = dict(type='KittiMetricCPU', ann_file=...)``
-  after ``custom_imports = dict(imports=['fast_parallel.kitti_cpu_eval'])``.
+  after ``custom_imports = dict(imports=['fast_parallel.contrib.kitti_metric'])``.
 * :func:`select_kitti_rotate_iou`: how ``rotate_iou='auto'`` chooses:
   ``'cpu'`` when numba's CUDA simulator is enabled (it would give the same
   numbers, only slower), when ``numba.cuda.is_available()`` is false, or when

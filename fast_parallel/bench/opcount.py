@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Optional
 from mmengine.hooks import Hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .packing import PackedBatch, stock_transfers
+from fast_parallel.data.packing import PackedBatch, stock_transfers
 
 #: The phases of an iteration, in order.
 PHASES = ('before_iter_hooks', 'train_step', 'optimizer_step',

@@ -10,7 +10,7 @@ from mmengine.config import Config, DictAction
 from mmengine.registry import MODEL_WRAPPERS
 from torch.nn.parallel import DistributedDataParallel
 
-from .config import disable, enable, is_enabled
+from fast_parallel.config import disable, enable, is_enabled
 
 
 def init_cpu_distributed(cfg: Config) -> None:

@@ -4,13 +4,13 @@ place.
 fast_parallel works through public registries and hooks, but a few of its
 parts need internals that upstream may rename in any release:
 
-- torch's DataLoader iterators (:mod:`fast_parallel.loader`: the
+- torch's DataLoader iterators (:mod:`fast_parallel.data.loader`: the
   ``__next__`` without the profiler scope, the inherited base seed;
-  :mod:`fast_parallel.restart`: finding a started iterator);
+  :mod:`fast_parallel.data.rebuild`: finding a started iterator);
 - mmengine's Runner and loops (the DataLoader configs the Runner keeps,
   ``_randomness_cfg``, ``_InfiniteDataloaderIterator``, the loops'
   counters; ``HistoryBuffer``'s statistics methods for safe loading);
-- torch's optimizer internals (:mod:`fast_parallel.fused_optim`), which are
+- torch's optimizer internals (:mod:`fast_parallel.step.fused_optim`), which are
   optional: without them the optimizer stays stock, with the reason in the
   log.
 

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from .compat import dataloader_class, randomness_config
+from fast_parallel.compat import dataloader_class, randomness_config
 
 _BaseDataLoaderIter = dataloader_class('_BaseDataLoaderIter')
 

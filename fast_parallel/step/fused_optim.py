@@ -53,7 +53,7 @@ from torch.optim import adam as _adam_module
 from torch.optim import optimizer as _optimizer_module
 from torch.optim import sgd as _sgd_module
 
-from .compat import CHECKED_ON
+from fast_parallel.compat import CHECKED_ON
 
 # torch internals the fused step calls. They are optional: on a torch
 # without one, fuse_optimizer leaves the optimizer stock and says why.

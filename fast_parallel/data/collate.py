@@ -6,9 +6,9 @@ from mmengine.dataset import pseudo_collate
 from mmengine.registry import FUNCTIONS
 from torch.utils.data import get_worker_info
 
-from .packing import PackedBatch, pack
-from .random_states import random_states
-from .ring import DEFAULT_RING, SharedRing
+from fast_parallel.data.packing import PackedBatch, pack
+from fast_parallel.random_states import random_states
+from fast_parallel.data.ring import DEFAULT_RING, SharedRing
 
 
 def _pack_in_ring(tree, ring: Optional[SharedRing]) -> PackedBatch:
@@ -95,7 +95,7 @@ class PackedCollate:
             Defaults to ``pseudo_collate``.
         ring (SharedRing, optional): Inside DataLoader workers, pack into
             this ring of reused shared-memory buffers
-            (:mod:`fast_parallel.ring`); None packs into fresh buffers.
+            (:mod:`fast_parallel.data.ring`); None packs into fresh buffers.
             Defaults to the shared default ring.
         worker_states (bool): Inside DataLoader workers, give each batch the
             worker's id and random states right after it was made

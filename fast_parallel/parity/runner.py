@@ -27,8 +27,8 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 from mmengine.runner import Runner
 
-from .config import disable, enable
-from .packing import PackedBatch
+from fast_parallel.config import disable, enable
+from fast_parallel.data.packing import PackedBatch
 
 PATHS = ('stock', 'fast')
 

@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import torch
 from mmengine.structures import BaseDataElement
 
-from .adapters import find_adapter
+from fast_parallel.data.adapters import find_adapter
 
 #: Every leaf starts at an offset that is a multiple of this many bytes.
 ALIGN_BYTES = 64
@@ -402,7 +402,7 @@ class PackedBatch:
         # not part of the state; a later ``pin_memory`` pins again.
         self.pinned = False
         if ring is not None:
-            from .ring import receive
+            from fast_parallel.data.ring import receive
             self.buffers = receive(ring)
 
     @property
@@ -695,7 +695,7 @@ def pack(tree: Any, pin_memory: bool = False,
             False.
         allocate (callable, optional): ``{dtype: numel} -> {dtype: 1-D
             tensor}`` providing CPU buffers of at least that many elements
-            (the shared ring of :mod:`fast_parallel.ring`). Defaults to
+            (the shared ring of :mod:`fast_parallel.data.ring`). Defaults to
             None: fresh buffers.
 
     Returns:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from mmengine.logging.history_buffer import HistoryBuffer
 
-from .compat import private
+from fast_parallel.compat import private
 
 # Registered by HistoryBuffer.__init__; custom ones by register_statistics.
 _BUILTIN_STATISTICS = frozenset(('min', 'max', 'current', 'mean'))

@@ -18,7 +18,7 @@ import torch
 from torch.autograd import profiler
 from torch.utils.data import DataLoader
 
-from .compat import check_dataloader_internals, dataloader_class
+from fast_parallel.compat import check_dataloader_internals, dataloader_class
 
 # torch internals, by name: a torch without one fails here, with a message
 # that names it (fast_parallel.compat).
@@ -51,7 +51,7 @@ class _InheritedSeed(_BaseDataLoaderIter):
     It sits right above torch's base class in the MRO, so the seed is in
     place before ``_MultiProcessingDataLoaderIter`` hands it to its workers
     (torch seeds each worker's ``random`` and torch generators with
-    ``base_seed + worker_id``). :mod:`fast_parallel.restart` sets
+    ``base_seed + worker_id``). :mod:`fast_parallel.data.rebuild` sets
     ``_fast_parallel_base_seed`` on a loader it builds again; the draw
     torch made is undone there too.
     """

@@ -8,7 +8,7 @@ from mmengine.dist import is_main_process
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
-from .compat import loop_length, loop_progress, train_loop
+from fast_parallel.compat import loop_length, loop_progress, train_loop
 
 
 @HOOKS.register_module()

@@ -15,11 +15,11 @@ from mmengine.registry import HOOKS
 from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
 from torch.utils.data import DataLoader
 
-from .compat import loader_config, loop_progress, private, switched_hooks
-from .loader import FastDataLoader, make_fast
-from .random_states import random_states, set_random_states
-from .restart import rebuild_started, started_iterators
-from .resume_workers import (WorkerRecord, arm_first_start,
+from fast_parallel.compat import loader_config, loop_progress, private, switched_hooks
+from fast_parallel.data.loader import FastDataLoader, make_fast
+from fast_parallel.random_states import random_states, set_random_states
+from fast_parallel.data.rebuild import rebuild_started, started_iterators
+from fast_parallel.resume.workers import (WorkerRecord, arm_first_start,
                              needs_worker_states, stateful_transforms)
 
 __all__ = ['ExactResumeHook', 'META_KEY', 'register_stateful_module',

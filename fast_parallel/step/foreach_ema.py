@@ -57,7 +57,7 @@ from mmengine.model.averaged_model import (BaseAveragedModel,
                                            StochasticWeightAverage)
 from torch import Tensor, nn
 
-from .compat import CHECKED_ON
+from fast_parallel.compat import CHECKED_ON
 
 __all__ = ['FOREACH_DTYPES', 'fuse_ema', 'unfuse_ema', 'is_fused_ema']
 
@@ -224,7 +224,7 @@ def _make_fused(stock: type) -> type:
             '__module__': __name__,
             '__qualname__': name,
             '__doc__': f'``{stock.__name__}`` updated with foreach ops '
-                       '(see :mod:`fast_parallel.foreach_ema`).',
+                       '(see :mod:`fast_parallel.step.foreach_ema`).',
         })
         globals()[name] = cls
     return cls

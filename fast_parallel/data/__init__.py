@@ -1,0 +1,1 @@
+"""The data path: packing, adapters, collate, the shared ring, the loader, rebuilding a started loader."""

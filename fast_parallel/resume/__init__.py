@@ -1,0 +1,1 @@
+"""Exact resume: ExactResumeHook, persistent workers, safe checkpoint loading."""

@@ -1,0 +1,1 @@
+"""The training step made cheaper with the same bytes (batched targets)."""

@@ -1,0 +1,184 @@
+"""Stock's bits for CPU elementwise ops whose vector and scalar loops differ.
+
+ATen's CPU elementwise kernels run a vectorised body over whole blocks of
+``2 * Vectorized::size()`` elements of each thread's chunk and a scalar
+function over the rest of the chunk. For some ops the two disagree in the last
+bit (``sigmoid`` on AVX2: Sleef's ``exp`` in the body, libm's in the tail), so
+an element's value depends on where it sat in the tensor it was computed in.
+:func:`as_stock` computes such an op once over the concatenation of what stock
+computes as separate tensors, then recomputes the few elements whose path
+differs, so that each one gets the value stock's own call gives it. The model
+of the layout is checked against the running build once per op and thread
+count (:func:`calibrate`); where it does not hold, :class:`PathModelError`
+tells the caller to take the stock path. On CUDA every element runs the same
+function, so nothing is recomputed.
+"""
+import functools
+from typing import Callable, Dict, List, Sequence, Set, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+#: ``at::internal::GRAIN_SIZE``: a CPU kernel runs serially up to this numel.
+GRAIN = 32768
+#: The ops :func:`as_stock` knows, with the sample values calibration uses.
+OPS: Dict[str, Tuple[Callable[[Tensor], Tensor], Callable]] = {
+    'sigmoid': (torch.sigmoid, lambda g, n: torch.randn(n, generator=g) * 8),
+    'log': (torch.log, lambda g, n: torch.rand(n, generator=g) * 4 + 1e-7),
+    # Not recomputed, only checked (require_same_paths): the BCE of SimOTA's
+    # class cost against targets 0 and 1.
+    'bce0': (lambda x: F.binary_cross_entropy(x, torch.zeros_like(x),
+                                              reduction='none'),
+             lambda g, n: torch.rand(n, generator=g)),
+    'bce1': (lambda x: F.binary_cross_entropy(x, torch.ones_like(x),
+                                              reduction='none'),
+             lambda g, n: torch.rand(n, generator=g)),
+}
+
+__all__ = ['PathModelError', 'as_stock', 'calibrate', 'require_same_paths',
+           'scalar_ranges']
+
+
+class PathModelError(RuntimeError):
+    """The vector/scalar layout of this build is not the one modelled here."""
+
+
+def scalar_ranges(numel: int, threads: int,
+                  step: int) -> List[Tuple[int, int]]:
+    """The index ranges a contiguous CPU elementwise op computes by its scalar
+    function.
+
+    ``TensorIterator::for_each`` runs serially up to :data:`GRAIN` elements or
+    on one thread, else ``at::parallel_for`` splits ``numel`` into
+    ``min(threads, ceil(numel / GRAIN))`` chunks of ``ceil(numel / tasks)``;
+    each chunk's last ``len % step`` elements take the scalar function.
+
+    Args:
+        numel (int): Elements of the (contiguous) tensor.
+        threads (int): ``torch.get_num_threads()``.
+        step (int): ``2 * Vectorized<scalar_t>::size()``.
+
+    Returns:
+        list[tuple[int, int]]: ``[start, end)`` ranges.
+    """
+    if numel <= GRAIN or threads == 1:
+        chunks = [(0, numel)]
+    else:
+        tasks = min(threads, -(-numel // GRAIN))
+        size = -(-numel // tasks)
+        chunks = [(b, min(numel, b + size)) for b in range(0, numel, size)]
+    return [(end - (end - begin) % step, end) for begin, end in chunks
+            if (end - begin) % step]
+
+
+def _strided(x: Tensor) -> Tensor:
+    """A copy of 1-D ``x`` with stride 2: kernels take their scalar loop."""
+    buffer = x.new_empty(2 * x.numel())[::2]
+    buffer.copy_(x)
+    return buffer
+
+
+def _indices(ranges: Sequence[Tuple[int, int]], offset: int = 0) -> Set[int]:
+    return {offset + i for begin, end in ranges for i in range(begin, end)}
+
+
+@functools.lru_cache(maxsize=None)
+def calibrate(name: str, threads: int) -> int:
+    """The vector step of op ``name`` if its two loops differ, else 0.
+
+    Finds a value whose vector and scalar results differ (from a private
+    generator: the global random state is left alone) and checks, on tensors
+    of many sizes, that exactly the elements :func:`scalar_ranges` names get
+    the scalar result.
+
+    Args:
+        name (str): A key of :data:`OPS`.
+        threads (int): The thread count to check the model with.
+
+    Returns:
+        int: ``2 * Vectorized::size()``, or 0 when the two loops gave the same
+        bits on every sample (then the layout does not matter).
+
+    Raises:
+        PathModelError: When no step explains what the build does.
+    """
+    op, sample = OPS[name]
+    values = sample(torch.Generator().manual_seed(0), GRAIN)
+    vector, scalar = op(values), op(_strided(values))  # GRAIN: one serial loop
+    differ = (vector != scalar).nonzero()
+    if differ.numel() == 0:
+        return 0
+    marker = values[differ[0, 0]].reshape(1)
+    marked = op(_strided(marker))
+    sizes = list(range(1, 130)) + [GRAIN + 1, 2 * GRAIN + 3, 5 * GRAIN + 77]
+    seen = {}
+    for numel in sizes:
+        out = op(marker.expand(numel).contiguous())
+        seen[numel] = set((out == marked).nonzero().flatten().tolist())
+    for step in (4, 8, 16, 32, 64, 128):
+        if all(seen[n] == _indices(scalar_ranges(n, threads, step))
+               for n in sizes):
+            return step
+    raise PathModelError(f'{name}: no vector step explains the CPU loops')
+
+
+def as_stock(name: str, x: Tensor, sizes: Sequence[int]) -> Tensor:
+    """``op(x)`` where ``x`` is what stock computes as separate tensors.
+
+    Args:
+        name (str): A key of :data:`OPS`.
+        x (Tensor): Contiguous; its flat elements are the concatenation of
+            stock's tensors, in order.
+        sizes (Sequence[int]): The numel of each of stock's tensors (their sum
+            is ``x.numel()``).
+
+    Returns:
+        Tensor: Shaped like ``x``; element for element the value stock's
+        per-tensor call gives.
+
+    Raises:
+        PathModelError: When the layout model does not hold on this build.
+    """
+    op = OPS[name][0]
+    out = op(x)
+    if x.device.type != 'cpu':
+        return out
+    threads = torch.get_num_threads()
+    step = calibrate(name, threads)
+    if not step:
+        return out
+    if not x.is_contiguous() or sum(sizes) != x.numel():
+        raise PathModelError(f'{name}: input not laid out as stock tensors')
+    mine = _indices(scalar_ranges(x.numel(), threads, step))
+    stock: Set[int] = set()
+    offset = 0
+    for numel in sizes:
+        stock |= _indices(scalar_ranges(numel, threads, step), offset)
+        offset += numel
+    flat_x, flat = x.view(-1), out.view(-1)
+    # Elements stock computed by the scalar function and this call did not.
+    index = torch.tensor(sorted(stock - mine), dtype=torch.long)
+    flat[index] = op(_strided(flat_x[index]))
+    # And the other way: a padded buffer of whole vector blocks, one loop.
+    index = torch.tensor(sorted(mine - stock), dtype=torch.long)
+    padded = -(-index.numel() // step) * step
+    if padded > GRAIN:
+        raise PathModelError(f'{name}: {padded} elements to recompute')
+    buffer = flat_x.new_ones(padded)
+    buffer[:index.numel()] = flat_x[index]
+    flat[index] = op(buffer)[:index.numel()]
+    return out
+
+
+def require_same_paths(name: str) -> None:
+    """Checks that op ``name``'s two CPU loops agree on this build.
+
+    Args:
+        name (str): A key of :data:`OPS`.
+
+    Raises:
+        PathModelError: When they differ (the op is not recomputed here).
+    """
+    if calibrate(name, torch.get_num_threads()):
+        raise PathModelError(f'{name}: vector and scalar loops differ')

@@ -1,0 +1,297 @@
+"""SimOTA targets of mmdet's ``YOLOXHead`` for the whole batch at once.
+
+:func:`yolox_targets` returns what ``multi_apply(head._get_targets_single,
+...)`` returns inside ``YOLOXHead.loss_by_feat`` (mmdet 3.3.0,
+``SimOTAAssigner`` + ``BboxOverlaps2D`` + ``PseudoSampler``), bit for bit,
+with padded ground truths and masks: its aten operation count does not depend
+on the batch size or the number of boxes. An image whose targets hang on an
+implementation-defined choice (a tie at a top-k boundary or in a min) is
+computed by stock's own method and counted. Why each step is exact:
+``docs/targets_yolox.md``.
+"""
+import importlib
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from fast_parallel.step.targets import cpu_paths, simota
+
+#: The mmdet names used here, checked on mmdet 3.3.0; (module, name), or an
+#: attribute name for the private method of the head.
+_MMDET = {
+    'YOLOXHead': ('mmdet.models.dense_heads', 'YOLOXHead'),
+    'SimOTAAssigner': ('mmdet.models.task_modules.assigners',
+                       'SimOTAAssigner'),
+    'BboxOverlaps2D': ('mmdet.models.task_modules', 'BboxOverlaps2D'),
+    'PseudoSampler': ('mmdet.models.task_modules', 'PseudoSampler'),
+    'INF': ('mmdet.models.task_modules.assigners.sim_ota_assigner', 'INF'),
+    'EPS': ('mmdet.models.task_modules.assigners.sim_ota_assigner', 'EPS'),
+    'bbox_xyxy_to_cxcywh': ('mmdet.structures.bbox', 'bbox_xyxy_to_cxcywh'),
+    # Private: the per-image stock path, taken by images that fall back.
+    'targets_single': '_get_targets_single',
+}
+_CHECKED_ON = {'mmdet': '3.3.0'}
+#: ``YOLOXHead._get_l1_target``'s default ``eps``, which is reproduced here.
+_L1_EPS = 1e-8
+#: Methods an instance must not override to be covered.
+_HEAD_METHODS = ('_get_targets_single', '_get_l1_target')
+_ASSIGNER_METHODS = ('assign', 'get_in_gt_and_in_center_info',
+                     'dynamic_k_matching')
+
+__all__ = ['assign_batch', 'prior_scores', 'yolox_supported', 'yolox_targets']
+
+
+def _mmdet(key: str) -> Any:
+    """An mmdet class, function or constant of :data:`_MMDET`, by key."""
+    module, name = _MMDET[key]
+    return getattr(importlib.import_module(module), name)
+
+
+def _stock_single(head: Any) -> Any:
+    """``head._get_targets_single`` (private in mmdet 3.3.0)."""
+    return getattr(head, _MMDET['targets_single'])
+
+
+def yolox_supported(head: Any) -> Optional[str]:
+    """Whether :func:`yolox_targets` covers ``head``.
+
+    Args:
+        head: A dense head.
+
+    Returns:
+        Optional[str]: None when covered, else why not (for the log).
+    """
+    if type(head) is not _mmdet('YOLOXHead'):
+        return f'{type(head).__name__} is not YOLOXHead'
+    assigner = getattr(head, 'assigner', None)
+    if type(assigner) is not _mmdet('SimOTAAssigner'):
+        return f'assigner {type(assigner).__name__} is not SimOTAAssigner'
+    iou = getattr(assigner, 'iou_calculator', None)
+    if type(iou) is not _mmdet('BboxOverlaps2D'):
+        return f'iou_calculator {type(iou).__name__} is not BboxOverlaps2D'
+    if iou.scale != 1. or iou.dtype is not None:
+        return 'BboxOverlaps2D with scale or dtype options'
+    if type(getattr(head, 'sampler', None)) is not _mmdet('PseudoSampler'):
+        return 'sampler is not PseudoSampler'
+    overridden = [m for m in _HEAD_METHODS if m in vars(head)] + [
+        m for m in _ASSIGNER_METHODS if m in vars(assigner)]
+    if overridden:
+        return f'{", ".join(overridden)} replaced on the instance'
+    topk = assigner.candidate_topk
+    if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
+        return f'candidate_topk={topk!r} is not a positive int'
+    for name in ('center_radius', 'iou_weight', 'cls_weight'):
+        if not isinstance(getattr(assigner, name), (int, float)):
+            return f'SimOTAAssigner.{name} is not a number'
+    return None
+
+
+def yolox_targets(head: Any, priors: Tensor, cls_preds: Tensor,
+                  decoded_bboxes: Tensor, objectness: Tensor,
+                  batch_gt_instances: Sequence[Any],
+                  batch_img_metas: Sequence[dict],
+                  batch_gt_instances_ignore: Optional[Sequence[Any]] = None
+                  ) -> Tuple[tuple, int]:
+    """Stock's ``multi_apply(head._get_targets_single, ...)``, batched.
+
+    Args:
+        head: A head :func:`yolox_supported` covers.
+        priors (Tensor): ``(N, 4)`` or ``(B, N, 4)`` priors
+            ``[x, y, stride_w, stride_h]``, as ``loss_by_feat`` makes them.
+        cls_preds (Tensor): ``(B, N, num_classes)`` logits.
+        decoded_bboxes (Tensor): ``(B, N, 4)`` decoded boxes.
+        objectness (Tensor): ``(B, N)`` logits.
+        batch_gt_instances (Sequence[InstanceData]): ``bboxes`` and ``labels``
+            per image.
+        batch_img_metas (Sequence[dict]): Per image (stock's path only).
+        batch_gt_instances_ignore (Sequence, optional): Ignored boxes; any
+            that is not None sends the batch the stock way. Defaults to None.
+
+    Returns:
+        tuple: ``((pos_masks, cls_targets, obj_targets, bbox_targets,
+        l1_targets, num_pos_per_img), fallbacks)``: six per-image lists, as
+        stock returns them, and how many images took the stock path.
+    """
+    num_imgs = len(batch_gt_instances)
+    ignore = list(batch_gt_instances_ignore or [None] * num_imgs)
+    args = (priors, cls_preds.detach(), decoded_bboxes.detach(),
+            objectness.detach())
+    rows: List[Optional[tuple]] = [None] * num_imgs
+    if _batch_reason(head, *args, batch_gt_instances, ignore) is None:
+        try:
+            rows = _batched(head, *args, batch_gt_instances)
+        except cpu_paths.PathModelError:
+            rows = [None] * num_imgs
+    fallbacks = sum(row is None for row in rows)
+    stock = _stock_single(head)
+    for i, row in enumerate(rows):
+        if row is None:
+            rows[i] = stock(priors if priors.dim() == 2 else priors[i],
+                            args[1][i], args[2][i], args[3][i],
+                            batch_gt_instances[i], batch_img_metas[i],
+                            ignore[i])
+    return tuple(map(list, zip(*rows))), fallbacks
+
+
+def _batch_reason(head: Any, priors: Tensor, cls: Tensor, boxes: Tensor,
+                  obj: Tensor, gts: Sequence[Any],
+                  ignore: Sequence[Any]) -> Optional[str]:
+    """Why this batch takes the stock path, or None."""
+    if any(i is not None for i in ignore):
+        return 'ignore boxes'
+    if cls.dim() != 3:
+        return 'shapes'
+    num_imgs, num_priors = cls.shape[:2]
+    f32, device = torch.float32, cls.device
+    if (cls.shape[2] != head.num_classes
+            or boxes.shape != (num_imgs, num_priors, 4)
+            or obj.shape != (num_imgs, num_priors)
+            or priors.shape[-2:] != (num_priors, 4)
+            or priors.dim() == 3 and priors.shape[0] != num_imgs
+            or len(gts) != num_imgs or num_priors == 0):
+        return 'shapes'
+    tensors = [priors, cls, boxes, obj] + [g.bboxes for g in gts]
+    if any(type(t) is not Tensor or t.dtype != f32 or t.device != device
+           for t in tensors):
+        return 'dtypes or devices (float32 tensors on one device covered)'
+    for gt in gts:
+        labels = gt.labels
+        if (gt.bboxes.dim() != 2 or gt.bboxes.shape[1] != 4
+                or type(labels) is not Tensor or labels.device != device
+                or labels.shape != gt.bboxes.shape[:1]
+                or labels.dtype.is_floating_point
+                or labels.dtype == torch.bool):
+            return 'ground truth layout'
+    if device.type == 'cuda' and cls.shape[2] > 128 and cls.shape[2] % 4:
+        return 'CUDA, > 128 classes not a multiple of 4 (row alignment)'
+    if device.type == 'cpu' and not (cls.is_contiguous()
+                                     and obj.is_contiguous()):
+        return 'non-contiguous predictions on CPU'
+    return None
+
+
+def _pad_gts(gts: Sequence[Any], device: torch.device
+             ) -> Tuple[Tensor, Tensor, Tensor, List[int]]:
+    """Ground truths padded to ``(B, G)``: boxes, labels, mask, counts."""
+    counts = [int(g.bboxes.shape[0]) for g in gts]
+    num_imgs, width, total = len(gts), max(counts), sum(counts)
+    starts = [sum(counts[:i]) for i in range(num_imgs)]
+    meta = torch.tensor([i * width - s for i, s in enumerate(starts)] +
+                        counts, dtype=torch.long)
+    meta = meta.to(device, non_blocking=True)  # the one host-to-device copy
+    shift, count = meta[:num_imgs], meta[num_imgs:]
+    slots = torch.arange(total, device=device) + shift.repeat_interleave(
+        count, output_size=total)
+    boxes = torch.cat([g.bboxes for g in gts])
+    labels = torch.cat([g.labels for g in gts])
+    padded_boxes = boxes.new_zeros((num_imgs * width, 4)).index_copy_(
+        0, slots, boxes).view(num_imgs, width, 4)
+    padded_labels = labels.new_zeros(num_imgs * width).index_copy_(
+        0, slots, labels).view(num_imgs, width)
+    mask = torch.arange(width, device=device) < count.unsqueeze(1)
+    return padded_boxes, padded_labels, mask, counts
+
+
+def _min4(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tensor:
+    """Elementwise min of four (stock: ``stack(...).min(dim).values``)."""
+    return torch.minimum(torch.minimum(a, b), torch.minimum(c, d))
+
+
+def _in_gt_and_center(assigner: Any, priors: Tensor, gt: Tensor,
+                      gt_mask: Tensor) -> Tuple[Tensor, Tensor]:
+    """Stock's ``get_in_gt_and_in_center_info``, ``(B, N, G)`` at once.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``valid`` ``(B, N)`` (in some box or centre
+        region) and ``in_both`` ``(B, N, G)``.
+    """
+    x, y, stride_x, stride_y = (priors[..., i, None] for i in range(4))
+    x1, y1, x2, y2 = (gt[:, None, :, i] for i in range(4))
+    in_gts = _min4(x - x1, y - y1, x2 - x, y2 - y) > 0
+    cxs = ((gt[..., 0] + gt[..., 2]) / 2.0).unsqueeze(1)
+    cys = ((gt[..., 1] + gt[..., 3]) / 2.0).unsqueeze(1)
+    radius_x = assigner.center_radius * stride_x
+    radius_y = assigner.center_radius * stride_y
+    in_cts = _min4(x - (cxs - radius_x), y - (cys - radius_y),
+                   (cxs + radius_x) - x, (cys + radius_y) - y) > 0
+    in_gts &= gt_mask.unsqueeze(1)
+    in_cts &= gt_mask.unsqueeze(1)
+    return in_gts.any(-1) | in_cts.any(-1), in_gts & in_cts
+
+
+def prior_scores(cls: Tensor, obj: Tensor) -> Tensor:
+    """Stock's ``(cls.sigmoid() * obj.unsqueeze(1).sigmoid()).sqrt_()`` of
+    every image, for the batch at once.
+
+    Args:
+        cls (Tensor): ``(B, N, C)`` class logits, contiguous.
+        obj (Tensor): ``(B, N)`` objectness logits, contiguous.
+
+    Returns:
+        Tensor: ``(B, N, C)``; each sigmoid element as stock's per-image call
+        computes it (see :mod:`cpu_paths`).
+    """
+    num_imgs, num_priors, num_classes = cls.shape
+    scores = cpu_paths.as_stock('sigmoid', cls,
+                                [num_priors * num_classes] * num_imgs)
+    scores = scores * cpu_paths.as_stock(
+        'sigmoid', obj, [num_priors] * num_imgs).unsqueeze(-1)
+    return scores.sqrt_()
+
+
+@torch.no_grad()
+def assign_batch(head: Any, priors: Tensor, cls: Tensor, boxes: Tensor,
+                 obj: Tensor, gts: Sequence[Any]
+                 ) -> Optional[Tuple[Tensor, Tensor, simota.Assignment]]:
+    """SimOTA for a batch :func:`yolox_targets` covers (no ignore boxes).
+
+    Args:
+        head: The ``YOLOXHead``.
+        priors (Tensor): ``(N, 4)`` or ``(B, N, 4)`` priors.
+        cls (Tensor): ``(B, N, C)`` class logits.
+        boxes (Tensor): ``(B, N, 4)`` decoded boxes.
+        obj (Tensor): ``(B, N)`` objectness logits.
+        gts (Sequence[InstanceData]): Ground truths per image.
+
+    Returns:
+        Optional[tuple]: Padded boxes ``(B, G, 4)``, labels ``(B, G)`` and the
+        :class:`simota.Assignment`; None when no image has a ground truth.
+    """
+    gt, labels, gt_mask, counts = _pad_gts(gts, cls.device)
+    if gt.shape[1] == 0:
+        return None
+    offset = torch.cat([priors[..., :2] + priors[..., 2:] * 0.5,
+                        priors[..., 2:]], dim=-1)
+    scores = prior_scores(cls, obj)
+    valid, in_both = _in_gt_and_center(head.assigner, offset, gt, gt_mask)
+    ious = head.assigner.iou_calculator(boxes, gt)
+    found = simota.assign(head.assigner, scores, valid, in_both, ious,
+                          labels, gt_mask, counts, _mmdet('INF'),
+                          _mmdet('EPS'))
+    return gt, labels, found
+
+
+@torch.no_grad()
+def _batched(head: Any, priors: Tensor, cls: Tensor, boxes: Tensor,
+             obj: Tensor, gts: Sequence[Any]) -> List[Optional[tuple]]:
+    """The per-image result tuples; None for an image stock must compute."""
+    assigned = assign_batch(head, priors, cls, boxes, obj, gts)
+    if assigned is None:  # no ground truth anywhere: stock's first branch
+        return _no_targets(cls, cls.shape[0])
+    gt, labels, found = assigned
+    out = simota.build_targets(head, priors, cls, obj, gt, labels, found,
+                               _mmdet('bbox_xyxy_to_cxcywh'), _L1_EPS)
+    return [None if found.fallback[i] else row for i, row in enumerate(out)]
+
+
+def _no_targets(cls: Tensor, num_imgs: int) -> List[tuple]:
+    """Stock's ``num_gts == 0`` results for a batch without ground truth."""
+    num_priors, num_classes = cls.shape[1:]
+    masks = cls.new_zeros((num_imgs, num_priors), dtype=torch.bool)
+    objs = cls.new_zeros((num_imgs, num_priors, 1))
+    empty_cls = cls.new_zeros((0, num_classes)).split([0] * num_imgs)
+    empty_box = cls.new_zeros((0, 4)).split([0] * num_imgs)
+    empty_l1 = cls.new_zeros((0, 4)).split([0] * num_imgs)
+    return [(masks[i], empty_cls[i], objs[i], empty_box[i], empty_l1[i], 0)
+            for i in range(num_imgs)]
