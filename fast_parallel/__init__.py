@@ -9,8 +9,10 @@ counter, benchmarks) loads from :mod:`fast_parallel.parity.runner` and
 from fast_parallel.config import disable, enable
 from fast_parallel.data.adapters import (register_adapter,
                                          register_tensor_holder)
+from fast_parallel.data.batch import PackedBatch
 from fast_parallel.data.collate import PackedCollate, packed_collate
-from fast_parallel.data.packing import PackedBatch, PackingError, pack
+from fast_parallel.data.errors import PackingError
+from fast_parallel.data.packing import pack
 from fast_parallel.hooks import FastParallelHook
 from fast_parallel.parity.accuracy import AccuracyParityHook
 from fast_parallel.resume.checkpoint import allow_mmengine_checkpoints

@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader
 
 from fast_parallel.data.collate import (PackedCollate, is_packed_collate, packed_config_hint,
                       reporting_worker_states)
-from fast_parallel.compat import LOADER_CONFIGS, check_runner, loader_config
+from fast_parallel.compat import (LOADER_CONFIGS, check_runner, loader_config,
+                                  loop_as_is)
 from fast_parallel.step.foreach_ema import fuse_ema
 from fast_parallel.step.fused_optim import fuse_optim_wrapper
 from fast_parallel.data.loader import accelerator_available, make_fast
@@ -168,14 +169,13 @@ class FastParallelHook(Hook):
             runner.logger.info(
                 'FastParallelHook: pin_memory=True skipped: no accelerator '
                 'is present, and torch pins memory only for one.')
-        for name in LOADER_CONFIGS:
-            loop = getattr(runner, name, None)
+        for kind in LOADER_CONFIGS:
+            loop = loop_as_is(runner, kind)
             loader = getattr(loop, 'dataloader', None) if isinstance(
                 loop, BaseLoop) else None
             if isinstance(loader, DataLoader):
-                kind = name[1:-len('_loop')]
                 self.loaders[kind] = self._install(
-                    runner, kind, loop, loader_config(runner, name), pin)
+                    runner, kind, loop, loader_config(runner, kind), pin)
 
     def before_train(self, runner) -> None:
         """Fuses the optimizer step and the EMA updates.

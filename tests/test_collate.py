@@ -54,7 +54,7 @@ def test_packed_collate_equals_stock(shape, seed):
 
 
 def _tensors(tree):
-    from fast_parallel.data.packing import _Packer
+    from fast_parallel.data.walker import Packer as _Packer
     packer = _Packer()
     packer.cast(tree, ())
     return packer.leaves

@@ -7,9 +7,9 @@ from mmengine.runner import loops
 from torch.utils.data import DataLoader
 
 from fast_parallel import compat
-from fast_parallel.step import fused_optim
 from fast_parallel.compat import CompatError
 from fast_parallel.data.loader import FastDataLoader, make_fast
+from fast_parallel.step import fused_optim
 
 
 def test_this_stack_has_every_internal():

@@ -25,9 +25,9 @@ from mmengine.model import (ExponentialMovingAverage, MomentumAnnealingEMA,
 from models import ROOT, build_model
 from torch import nn
 
+from fast_parallel.bench.opcount import OpCounter
 from fast_parallel.step import foreach_ema
 from fast_parallel.step.foreach_ema import fuse_ema, is_fused_ema, unfuse_ema
-from fast_parallel.bench.opcount import OpCounter
 
 UPDATES = 5
 CUDA = torch.cuda.is_available()

@@ -18,10 +18,10 @@ from mmengine.optim.optimizer import amp_optimizer_wrapper
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fast_parallel.step.fused_optim import (FusedAdam, FusedAdamW, FusedSGD,
-                                       fuse_optim_wrapper, fuse_optimizer,
-                                       unfuse_optimizer)
 from fast_parallel.bench.opcount import OpCounter
+from fast_parallel.step.fused_optim import (FusedAdam, FusedAdamW, FusedSGD,
+                                            fuse_optim_wrapper, fuse_optimizer,
+                                            unfuse_optimizer)
 
 DEVICES = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
 YOLOX_PARAMWISE = dict(norm_decay_mult=0., bias_decay_mult=0.)

@@ -18,10 +18,11 @@ import pytest
 import torch
 from numba import cuda
 
-from fast_parallel.contrib.kitti_metric import (ROTATE_IOU_MODULE, KittiMetricCPU,
-                                          _vertex_counts, rotate_iou_cpu_eval,
-                                          select_kitti_rotate_iou,
-                                          use_cpu_rotate_iou)
+from fast_parallel.contrib.kitti_iou import _vertex_counts, rotate_iou_cpu_eval
+from fast_parallel.contrib.kitti_metric import (ROTATE_IOU_MODULE,
+                                                KittiMetricCPU,
+                                                select_kitti_rotate_iou,
+                                                use_cpu_rotate_iou)
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES = ['Pedestrian', 'Cyclist', 'Car']  # label ids of the infos

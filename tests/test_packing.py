@@ -12,7 +12,8 @@ from mmengine.model import BaseDataPreprocessor
 from mmengine.structures import BaseDataElement, InstanceData
 
 from fast_parallel import PackingError, pack, register_tensor_holder
-from fast_parallel.data.packing import ALIGN_BYTES, stock_transfers
+from fast_parallel.data.layout import ALIGN_BYTES
+from fast_parallel.data.packing import stock_transfers
 
 CPU = torch.device('cpu')
 # ``Tensor.to('meta')`` runs the very code of ``Tensor.to('cuda')`` (the

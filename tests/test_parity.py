@@ -14,11 +14,12 @@ from models import CONFIGS
 from runner_utils import data_options
 
 from fast_parallel import packed_collate
-from fast_parallel.parity.runner import (ORDER_ROW, ParityRecorderHook,
-                                  batch_sample_ids, compare, format_table,
-                                  params_checksum, parity_config, run_once,
-                                  verdict)
 from fast_parallel.bench.synthetic import pointpillars_samples, yolox_samples
+from fast_parallel.parity.recorder import (ParityRecorderHook,
+                                           batch_sample_ids, params_checksum)
+from fast_parallel.parity.report import (ORDER_ROW, compare, format_table,
+                                         verdict)
+from fast_parallel.parity.runner import parity_config, run_once
 
 parity = load_tool('parity')
 

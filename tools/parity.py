@@ -34,7 +34,8 @@ from tqdm import tqdm
 
 # The installed fast_parallel (pip install -e . to run a clone's edits).
 import fast_parallel  # noqa: F401
-from fast_parallel.parity.runner import format_table, grad_norm_note, run_parity
+from fast_parallel.parity.report import format_table, grad_norm_note
+from fast_parallel.parity.runner import run_parity
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -28,9 +28,12 @@ from collections import Counter
 from typing import Any, Callable, Dict, List, Optional
 
 from mmengine.hooks import Hook
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from fast_parallel.data.packing import PackedBatch, stock_transfers
+from fast_parallel.compat import dispatch_mode_class
+from fast_parallel.data.batch import PackedBatch
+from fast_parallel.data.packing import stock_transfers
+
+TorchDispatchMode = dispatch_mode_class()
 
 #: The phases of an iteration, in order.
 PHASES = ('before_iter_hooks', 'train_step', 'optimizer_step',

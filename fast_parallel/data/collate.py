@@ -6,9 +6,10 @@ from mmengine.dataset import pseudo_collate
 from mmengine.registry import FUNCTIONS
 from torch.utils.data import get_worker_info
 
-from fast_parallel.data.packing import PackedBatch, pack
-from fast_parallel.random_states import random_states
+from fast_parallel.data.batch import PackedBatch
+from fast_parallel.data.packing import pack
 from fast_parallel.data.ring import DEFAULT_RING, SharedRing
+from fast_parallel.random_states import random_states
 
 
 def _pack_in_ring(tree, ring: Optional[SharedRing]) -> PackedBatch:

@@ -12,65 +12,24 @@ with a profiler on they are torch's own ``__next__``.
 Workers, sampling, seeding, worker-failure detection and shutdown are
 torch's unchanged: the classes below only override ``__next__``.
 """
-from typing import Any
 
 import torch
-from torch.autograd import profiler
 from torch.utils.data import DataLoader
 
-from fast_parallel.compat import check_dataloader_internals, dataloader_class
+from fast_parallel.compat import (check_dataloader_internals,
+                                  fast_iterator_classes)
 
-# torch internals, by name: a torch without one fails here, with a message
-# that names it (fast_parallel.compat).
-_BaseDataLoaderIter = dataloader_class('_BaseDataLoaderIter')
-_DatasetKind = dataloader_class('_DatasetKind')
-_MultiProcessingDataLoaderIter = dataloader_class(
-    '_MultiProcessingDataLoaderIter')
-_SingleProcessDataLoaderIter = dataloader_class('_SingleProcessDataLoaderIter')
+# torch's iterators without the per-batch profiler scope (the seam builds
+# them from torch's private classes, checked on torch 2.13.0).
+_Single, _Multi = fast_iterator_classes()
 
 
-class _UnlabelledNext:
-    """``__next__`` of torch's iterators without the profiler scope."""
-
-    def __next__(self) -> Any:
-        # torch's profilers (autograd, kineto, emit_nvtx/itt) set this flag.
-        if profiler._is_profiler_enabled or \
-                self._dataset_kind != _DatasetKind.Map:
-            # Iterable datasets keep torch's length checks and warnings.
-            return super().__next__()
-        if self._sampler_iter is None:
-            self._reset()
-        data = self._next_data()
-        self._num_yielded += 1
-        return data
+class _SingleProcessIter(_Single):
+    """The single-process iterator (``num_workers=0``)."""
 
 
-class _InheritedSeed(_BaseDataLoaderIter):
-    """Takes the base seed a restarted loader inherits from its predecessor.
-
-    It sits right above torch's base class in the MRO, so the seed is in
-    place before ``_MultiProcessingDataLoaderIter`` hands it to its workers
-    (torch seeds each worker's ``random`` and torch generators with
-    ``base_seed + worker_id``). :mod:`fast_parallel.data.rebuild` sets
-    ``_fast_parallel_base_seed`` on a loader it builds again; the draw
-    torch made is undone there too.
-    """
-
-    def __init__(self, loader: DataLoader) -> None:
-        super().__init__(loader)
-        seed = getattr(loader, '_fast_parallel_base_seed', None)
-        if seed is not None:
-            self._base_seed = seed
-
-
-class _SingleProcessIter(_UnlabelledNext, _SingleProcessDataLoaderIter,
-                         _InheritedSeed):
-    pass
-
-
-class _MultiProcessingIter(_UnlabelledNext, _MultiProcessingDataLoaderIter,
-                           _InheritedSeed):
-    pass
+class _MultiProcessingIter(_Multi):
+    """The multi-process iterator (workers)."""
 
 
 class FastDataLoader(DataLoader):

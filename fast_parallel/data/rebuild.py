@@ -39,9 +39,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fast_parallel.compat import dataloader_class, randomness_config
+from fast_parallel.compat import (iterator_base_seed, randomness_config,
+                                  rehold, set_persistent_iterator,
+                                  shutdown_workers, started_iterators)
 
-_BaseDataLoaderIter = dataloader_class('_BaseDataLoaderIter')
 
 
 class _SharedRef:
@@ -114,35 +115,6 @@ def _foreign_draws(before: tuple, after: tuple,
 # --------------------------------------------------------------------------
 # Started iterators.
 # --------------------------------------------------------------------------
-def started_iterators(loop: Any,
-                      loader: DataLoader) -> List[Tuple[Any, str]]:
-    """Where a loop (or its loader) holds an iterator already started.
-
-    Looks at the loader's persistent iterator (``loader._iterator``), the
-    loop's own attributes that are DataLoader iterators, and wrappers that
-    hold one over this loader (mmengine's ``_InfiniteDataloaderIterator``:
-    ``_dataloader`` and ``_iterator``).
-
-    Args:
-        loop: An mmengine loop.
-        loader (DataLoader): Its DataLoader.
-
-    Returns:
-        list[tuple]: ``(holder, attribute)`` pairs; empty when no iterator
-        has started.
-    """
-    found = []
-    if getattr(loader, '_iterator', None) is not None:
-        found.append((loader, '_iterator'))
-    for attr, value in vars(loop).items():
-        if isinstance(value, _BaseDataLoaderIter):
-            found.append((loop, attr))
-        elif (getattr(value, '_dataloader', None) is loader and isinstance(
-                getattr(value, '_iterator', None), _BaseDataLoaderIter)):
-            found.append((value, '_iterator'))
-    return found
-
-
 def _build_like(runner: Any, cfg: Any, old: DataLoader,
                 seed: Optional[int]) -> Tuple[Optional[DataLoader], str]:
     """A DataLoader built as the Runner built ``old``, on ``old``'s dataset.
@@ -223,28 +195,20 @@ def rebuild_started(runner: Any, loop: Any, cfg: Any,
                 old_iters.append(it)
         if old_iters:
             # The abandoned iterator's base seed (torch's own worker seeds).
-            new._fast_parallel_base_seed = old_iters[0]._base_seed
+            new._fast_parallel_base_seed = iterator_base_seed(old_iters[0])
         new_iter = iter(new) if holders else None
         moved = _foreign_draws(before, _rng_snapshot(), int(bool(holders)))
         if moved:
-            if new_iter is not None and hasattr(new_iter,
-                                                '_shutdown_workers'):
-                new_iter._shutdown_workers()
+            shutdown_workers(new_iter)
             return ('its sampling draws from the main process\'s global '
                     f'random state ({", ".join(moved)}) when it is built or '
                     'started, which a restart cannot replay')
     finally:
         _rng_restore(before)
     for it in old_iters:
-        if hasattr(it, '_shutdown_workers'):
-            it._shutdown_workers()
-    if getattr(old, '_iterator', None) is not None:
-        old._iterator = None
+        shutdown_workers(it)
+    set_persistent_iterator(old, None)
     for holder, attr in holders:
-        if holder is old:
-            continue
-        if getattr(holder, '_dataloader', None) is old:
-            holder._dataloader = new
-        setattr(holder, attr, new_iter)
+        rehold(holder, attr, old, new, new_iter)
     loop.dataloader = new
     return None

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from mmengine.logging.history_buffer import HistoryBuffer
 
-from fast_parallel.compat import private
+from fast_parallel.compat import (NUMPY_PICKLE_MODULES,
+                                  history_statistics_methods)
 
 # Registered by HistoryBuffer.__init__; custom ones by register_statistics.
 _BUILTIN_STATISTICS = frozenset(('min', 'max', 'current', 'mean'))
@@ -42,9 +43,7 @@ def _history_buffer_method(obj: Any, name: str) -> Any:
     Raises:
         pickle.UnpicklingError: For anything else.
     """
-    allowed = _BUILTIN_STATISTICS.union(
-        private(HistoryBuffer, '_statistics_methods', 'mmengine',
-                'loading checkpoints with weights_only=True'))
+    allowed = _BUILTIN_STATISTICS.union(history_statistics_methods())
     if obj is HistoryBuffer and name in allowed:
         return getattr(HistoryBuffer, name)
     import pickle
@@ -70,11 +69,6 @@ def mmengine_safe_globals() -> List[Any]:
         *sorted(dtypes, key=lambda t: t.__name__),
         (_history_buffer_method, 'builtins.getattr'),
     ]
-
-
-#: Where numpy 1 (``numpy.core``) and numpy 2 (``numpy._core``) pickle
-#: their array and scalar rebuilders from.
-NUMPY_PICKLE_MODULES = ('numpy.core.multiarray', 'numpy._core.multiarray')
 
 
 def numpy_rebuilders() -> List[Any]:

@@ -15,7 +15,9 @@ from mmengine.registry import HOOKS
 from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
 from torch.utils.data import DataLoader
 
-from fast_parallel.compat import loader_config, loop_progress, private, switched_hooks
+from fast_parallel.compat import (STATEFUL_MODULE_ATTRS, decide_val_interval,
+                                  is_resuming, loader_config, loop_as_is,
+                                  loop_progress, switched_hooks)
 from fast_parallel.data.loader import FastDataLoader, make_fast
 from fast_parallel.random_states import random_states, set_random_states
 from fast_parallel.data.rebuild import rebuild_started, started_iterators
@@ -28,12 +30,9 @@ __all__ = ['ExactResumeHook', 'META_KEY', 'register_stateful_module',
 
 META_KEY = 'fast_parallel_resume'
 
-#: Module classes whose plain attributes a resumed run needs, by
-#: ``(module path, class name)``; filled lazily (mmdet may be absent).
-_STATEFUL: Dict[Tuple[str, str], Tuple[str, ...]] = {
-    ('mmdet.models.data_preprocessors.data_preprocessor',
-     'BatchSyncRandomResize'): ('_input_size', ),
-}
+#: Module classes whose plain attributes a resumed run needs (mmdet's
+#: ``BatchSyncRandomResize`` and those registered here).
+_STATEFUL = STATEFUL_MODULE_ATTRS
 
 
 def register_stateful_module(cls: Type, attrs: Tuple[str, ...]) -> None:
@@ -119,7 +118,7 @@ class ExactResumeHook(Hook):
             random=random_states(),
             modules={_strip(k): v
                      for k, v in module_states(runner.model).items()})
-        loader = getattr(getattr(runner, '_train_loop', None), 'dataloader',
+        loader = getattr(loop_as_is(runner, 'train'), 'dataloader',
                          None)
         if self._record.states and isinstance(loader, DataLoader):
             saved['workers'] = self._record.entry(loader)
@@ -128,7 +127,7 @@ class ExactResumeHook(Hook):
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         """On resume, restores module states and keeps the random ones."""
         saved = checkpoint.get('meta', {}).get(META_KEY)
-        if saved is None or not getattr(runner, '_resume', False):
+        if saved is None or not is_resuming(runner):
             return
         modules = {_strip(name): m for name, m in runner.model.named_modules()}
         for name, attrs in saved['modules'].items():
@@ -191,7 +190,7 @@ class ExactResumeHook(Hook):
             return
         loop = runner.train_loop
         why = rebuild_started(runner, loop,
-                              loader_config(runner, '_train_loop'),
+                              loader_config(runner, 'train'),
                               partial(_same_as, loop.dataloader), seed=seed)
         if why is None:
             runner.logger.info(
@@ -336,8 +335,7 @@ def _validated_after(
         done, last = loop_progress(loop), loop.max_epochs
     else:
         return False
-    private(loop, '_decide_current_val_interval', 'mmengine',
-            'exact resume (the validation interval)')()
+    decide_val_interval(loop)
     return (done > 0 and loop.runner.val_loop is not None
             and done >= loop.val_begin
             and (done % loop.val_interval == 0 or done == last))

@@ -10,10 +10,11 @@ import torch
 from mmengine.runner import EpochBasedTrainLoop
 from torch.utils.data import DataLoader
 
-from fast_parallel.compat import (persistent_iterator, set_persistent_iterator,
-                     switched_hooks)
+from fast_parallel.compat import (iterator_base_seed, override_start,
+                                  persistent_iterator, set_persistent_iterator,
+                                  start_iterator, switched_hooks)
 from fast_parallel.data.loader import FastDataLoader
-from fast_parallel.data.packing import PackedBatch
+from fast_parallel.data.batch import PackedBatch
 from fast_parallel.random_states import set_random_states
 
 
@@ -70,7 +71,7 @@ class WorkerRecord:
     def __init__(self) -> None:
         self.states: Dict[int, dict] = {}
         self.restarts: List[dict] = []
-        self._iterator: Optional[weakref.ref] = None
+        self._last_iterator: Optional[weakref.ref] = None
         self._switched: Set[str] = set()
 
     def see(self, runner, loader: DataLoader, data_batch: Any) -> None:
@@ -82,17 +83,17 @@ class WorkerRecord:
             data_batch: The batch (a ``PackedBatch`` may carry states).
         """
         it = persistent_iterator(loader)
-        last = None if self._iterator is None else self._iterator()
+        last = None if self._last_iterator is None else self._last_iterator()
         if it is not last:
             switched = switched_hooks(runner.hooks)
-            if self._iterator is not None:
+            if self._last_iterator is not None:
                 # New workers: the old ones' states are of no use any more.
                 self.restarts.append(
                     dict(epoch=runner.epoch,
                          hooks=sorted(switched - self._switched)))
                 self.states.clear()
             self._switched = switched
-            self._iterator = None if it is None else weakref.ref(it)
+            self._last_iterator = None if it is None else weakref.ref(it)
         if isinstance(data_batch, PackedBatch) and \
                 data_batch.worker_states is not None:
             worker_id, states = data_batch.worker_states
@@ -102,7 +103,7 @@ class WorkerRecord:
         """The checkpoint's ``workers`` entry."""
         it = persistent_iterator(loader)
         return dict(states=dict(self.states), num_workers=loader.num_workers,
-                    base_seed=getattr(it, '_base_seed', None),
+                    base_seed=iterator_base_seed(it),
                     restarts=[dict(r) for r in self.restarts])
 
 
@@ -211,22 +212,22 @@ def arm_first_start(runner, loader: DataLoader, saved: dict,
     """
 
     def start(restarted: bool) -> Any:
-        loader.__dict__.pop('_get_iterator', None)  # one shot
+        override_start(loader, None)  # one shot
         fresh, message, exact = decide_start(
             restarted, saved, switched_hooks(runner.hooks), runner.epoch)
         if fresh:
-            it = loader._get_iterator()
+            it = start_iterator(loader)
         else:
             undo = _start_workers_from(loader, saved)
             try:
-                it = loader._get_iterator()
+                it = start_iterator(loader)
             finally:
                 undo()
         done(fresh, message, exact)
         return it
 
     # DataLoader.__iter__ calls this when a hook dropped the placeholder.
-    loader._get_iterator = lambda: start(True)
+    override_start(loader, lambda: start(True))
     set_persistent_iterator(loader, _Unstarted(start))
 
 

@@ -1,50 +1,9 @@
 """Multi-tensor updates for the averaged models ``EMAHook`` builds.
 
-mmengine's ``BaseAveragedModel.update_parameters`` calls the class's
-``avg_func`` once per tensor: for YOLOX's ``ExpMomentumEMA`` with
-``update_buffers=True`` that is 388 ``mul_`` + ``add_`` pairs per iteration,
-and, because ``avg_func`` is handed the ``steps`` *tensor*, a ``1 + steps``
-and a ``float()`` (a device sync where the EMA lives on a GPU) per tensor
-too. :func:`fuse_ema` gives one averaged model the same update done with
-``torch._foreach_*`` ops: one call per op over all tensors of a device and
-dtype, with ``steps`` read once.
-
-Each fused update is the stock one op for op, only batched:
-
-=============================  =============================================
-stock ``avg_func``             fused, over the list of averaged tensors
-=============================  =============================================
-``ExponentialMovingAverage``   ``_foreach_lerp_(avg, src, momentum)``
-``MomentumAnnealingEMA``       ``_foreach_lerp_(avg, src, max(momentum,
-                               gamma / (gamma + steps)))``
-``ExpMomentumEMA`` (mmdet)     ``_foreach_mul_(avg, 1 - m)`` then
-                               ``_foreach_add_(avg, src, alpha=m)``
-``StochasticWeightAverage``    ``_foreach_add_(avg, _foreach_sub(src, avg),
-                               alpha=1 / (steps // interval + 1))``
-=============================  =============================================
-
-The scalars are the same Python floats stock computes (the ``steps``
-counter read as an int gives the exact same value as the 0-dim tensor), and
-a foreach op with a Python scalar rounds it to the tensors' compute type as
-the per-tensor op does. The rest of ``update_parameters`` is kept as it is:
-the first update (``steps == 0``) copies every tensor, integer ones included
-(``_foreach_copy_``); later ones average floating-point tensors only, so a
-BN ``num_batches_tracked`` in an ``update_buffers=True`` average keeps its
-first value, as in stock; with ``update_buffers=False`` the buffers are
-copied from the source model (``_foreach_copy_``); ``steps`` goes up by one.
-
-Foreach ops run on float32 and float64 tensors (:data:`FOREACH_DTYPES`),
-one call per op and (device, dtype) group; float16/bfloat16 tensors keep
-stock's ``avg_func``, one by one, because a foreach op may round a Python
-scalar differently there. A model whose averaged tensors overlap in memory
-(tied weights that ``state_dict`` lists twice) is left stock: stock updates
-the shared memory twice, in sequence.
-
-The fused model is the same object with its class swapped to a subclass
-that overrides ``update_parameters`` only (``isinstance`` checks still hold,
-``state_dict`` keys and the ``steps`` buffer are unchanged, so checkpoints
-move freely between stock and fused runs). Importing this module never
-imports mmdet: the fused ``ExpMomentumEMA`` class is made on first use.
+:func:`fuse_ema` gives one averaged model stock's ``update_parameters`` done
+with foreach ops: one call per op and (device, dtype) group instead of one
+per tensor, the same bytes. The per-class updates, and why they are exact:
+``docs/step.md``. Importing this module never imports mmdet.
 """
 import math
 import sys
@@ -58,6 +17,9 @@ from mmengine.model.averaged_model import (BaseAveragedModel,
 from torch import Tensor, nn
 
 from fast_parallel.compat import CHECKED_ON
+from fast_parallel.compat.optim import (foreach_add_, foreach_copy_,
+                                        foreach_lerp_, foreach_mul_,
+                                        foreach_sub, missing_foreach_ops)
 
 __all__ = ['FOREACH_DTYPES', 'fuse_ema', 'unfuse_ema', 'is_fused_ema']
 
@@ -80,14 +42,14 @@ Average = Callable[[BaseAveragedModel, Tensors, Tensors, int], None]
 def _ema_lerp(ema: ExponentialMovingAverage, avg: Tensors, src: Tensors,
               steps: int) -> None:
     """``ExponentialMovingAverage.avg_func``: ``lerp_(src, momentum)``."""
-    torch._foreach_lerp_(avg, src, ema.momentum)
+    foreach_lerp_(avg, src, ema.momentum)
 
 
 def _annealing_lerp(ema: MomentumAnnealingEMA, avg: Tensors, src: Tensors,
                     steps: int) -> None:
     """``MomentumAnnealingEMA.avg_func`` (stock reads ``steps.item()``)."""
     momentum = max(ema.momentum, ema.gamma / (ema.gamma + steps))
-    torch._foreach_lerp_(avg, src, momentum)
+    foreach_lerp_(avg, src, momentum)
 
 
 def _exp_momentum(ema: BaseAveragedModel, avg: Tensors, src: Tensors,
@@ -99,8 +61,8 @@ def _exp_momentum(ema: BaseAveragedModel, avg: Tensors, src: Tensors,
     """
     momentum = (1 - ema.momentum) * math.exp(
         -float(1 + steps) / ema.gamma) + ema.momentum
-    torch._foreach_mul_(avg, 1 - momentum)
-    torch._foreach_add_(avg, src, alpha=momentum)
+    foreach_mul_(avg, 1 - momentum)
+    foreach_add_(avg, src, alpha=momentum)
 
 
 def _swa(ema: StochasticWeightAverage, avg: Tensors, src: Tensors,
@@ -108,7 +70,7 @@ def _swa(ema: StochasticWeightAverage, avg: Tensors, src: Tensors,
     """``StochasticWeightAverage.avg_func``: ``add_(src - avg, alpha=...)``.
     """
     alpha = 1 / float(steps // ema.interval + 1)
-    torch._foreach_add_(avg, torch._foreach_sub(src, avg), alpha=alpha)
+    foreach_add_(avg, foreach_sub(src, avg), alpha=alpha)
 
 
 #: Stock class (``module.qualname``) -> (fused class name, update).
@@ -159,14 +121,14 @@ def _grouped(*lists: Iterable[Tensor]) -> List[Tuple[Tensors, ...]]:
 def _foreach_copy(dst: Iterable[Tensor], src: Iterable[Tensor]) -> None:
     """``d.copy_(s)`` for each pair, one ``_foreach_copy_`` per group."""
     for dsts, srcs in _grouped(dst, src):
-        torch._foreach_copy_(dsts, srcs)
+        foreach_copy_(dsts, srcs)
 
 
 class _ForeachAveraging:
     """Overrides ``BaseAveragedModel.update_parameters`` with foreach ops.
 
     Mixed in before a stock averaged-model class; ``_average`` is that
-    class's ``avg_func`` over lists (see the module table).
+    class's ``avg_func`` over lists (the table in ``docs/step.md``).
     """
 
     _average: Average
@@ -304,16 +266,11 @@ def unfuse_ema(ema_model: nn.Module) -> None:
         ema_model.__class__ = ema_model._stock
 
 
-#: The multi-tensor ops the fused updates call.
-FOREACH_OPS = ('_foreach_lerp_', '_foreach_mul_', '_foreach_add_',
-               '_foreach_sub', '_foreach_copy_')
-
-
 def _why_not(ema_model: nn.Module, stock: type) -> Optional[str]:
     """Why ``ema_model`` cannot be fused, None when it can."""
     if not isinstance(ema_model, BaseAveragedModel):
         return 'not a BaseAveragedModel'
-    lacking = [op for op in FOREACH_OPS if not hasattr(torch, op)]
+    lacking = missing_foreach_ops()
     if lacking:
         return (f'torch {torch.__version__} lacks {", ".join(lacking)} '
                 f'(checked on torch {CHECKED_ON["torch"]})')

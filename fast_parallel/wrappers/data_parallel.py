@@ -7,7 +7,9 @@ from mmengine.registry import MODEL_WRAPPERS
 from torch import nn
 from torch.nn.parallel import parallel_apply, replicate
 
-from fast_parallel.data.packing import PackedBatch, pack
+from fast_parallel.compat import preprocessor_device, run_forward
+from fast_parallel.data.batch import PackedBatch
+from fast_parallel.data.packing import pack
 from fast_parallel.wrappers.scatter import batch_size_of, chunk_sizes, gather_log_vars, split_batch
 from fast_parallel.wrappers.transfer import TransferMixin
 
@@ -23,7 +25,7 @@ def module_device(module: nn.Module) -> torch.device:
         parameter's, else CPU.
     """
     preprocessor = getattr(module, 'data_preprocessor', None)
-    device = getattr(preprocessor, '_device', None)
+    device = preprocessor_device(preprocessor)
     if device is not None:
         return torch.device(device)
     param = next(module.parameters(), None)
@@ -183,7 +185,7 @@ class _LossStep:
 
     def __call__(self, chunk: Any) -> Dict[str, torch.Tensor]:
         data = self.replica.data_preprocessor(chunk, True)
-        losses = self.replica._run_forward(data, mode='loss')
+        losses = run_forward(self.replica, data, mode='loss')
         _, log_vars = self.replica.parse_losses(losses)
         return log_vars
 

@@ -5,8 +5,9 @@ from typing import Any, Dict, Optional
 import torch
 from mmengine.logging import MessageHub
 
-from fast_parallel.compat import private
-from fast_parallel.data.packing import PackedBatch, stock_transfers
+from fast_parallel.compat import message_hub_instances
+from fast_parallel.data.batch import PackedBatch
+from fast_parallel.data.packing import stock_transfers
 
 
 class TransferStats:
@@ -72,10 +73,10 @@ class TransferMixin:
     """
 
     def _stats(self) -> TransferStats:
-        stats = self.__dict__.get('_transfer_stats')
+        stats = self.__dict__.get('_fast_parallel_transfer_stats')
         if stats is None:
             stats = TransferStats()
-            self.__dict__['_transfer_stats'] = stats
+            self.__dict__['_fast_parallel_transfer_stats'] = stats
         return stats
 
     @property
@@ -130,8 +131,7 @@ def _device_of(batch: PackedBatch) -> Optional[torch.device]:
 
 
 def _publish(mode: str, figures: Dict[str, float]) -> None:
-    if not private(MessageHub, '_instance_dict', 'mmengine',
-                   'the transfer figures in the log'):
+    if not message_hub_instances():
         return
     hub = MessageHub.get_current_instance()
     for key, value in figures.items():

@@ -15,6 +15,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from fast_parallel.compat import YOLOX_HEAD_METHODS, yolox_targets_single
 from fast_parallel.step.targets import cpu_paths, simota
 
 #: The mmdet names used here, checked on mmdet 3.3.0; (module, name), or an
@@ -28,14 +29,12 @@ _MMDET = {
     'INF': ('mmdet.models.task_modules.assigners.sim_ota_assigner', 'INF'),
     'EPS': ('mmdet.models.task_modules.assigners.sim_ota_assigner', 'EPS'),
     'bbox_xyxy_to_cxcywh': ('mmdet.structures.bbox', 'bbox_xyxy_to_cxcywh'),
-    # Private: the per-image stock path, taken by images that fall back.
-    'targets_single': '_get_targets_single',
 }
 _CHECKED_ON = {'mmdet': '3.3.0'}
 #: ``YOLOXHead._get_l1_target``'s default ``eps``, which is reproduced here.
 _L1_EPS = 1e-8
 #: Methods an instance must not override to be covered.
-_HEAD_METHODS = ('_get_targets_single', '_get_l1_target')
+_HEAD_METHODS = YOLOX_HEAD_METHODS
 _ASSIGNER_METHODS = ('assign', 'get_in_gt_and_in_center_info',
                      'dynamic_k_matching')
 
@@ -49,8 +48,8 @@ def _mmdet(key: str) -> Any:
 
 
 def _stock_single(head: Any) -> Any:
-    """``head._get_targets_single`` (private in mmdet 3.3.0)."""
-    return getattr(head, _MMDET['targets_single'])
+    """The head's per-image stock target method (through the seam)."""
+    return yolox_targets_single(head)
 
 
 def yolox_supported(head: Any) -> Optional[str]:

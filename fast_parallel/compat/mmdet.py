@@ -1,0 +1,51 @@
+"""mmdet internals: switch-once hooks, module state outside the
+``state_dict``, the YOLOX head's per-image target method.
+
+Checked on mmdet 3.3.0 (:data:`fast_parallel.compat.CHECKED_ON`).
+"""
+from typing import Any, Dict, Tuple
+
+from fast_parallel.compat.core import private
+
+#: Module classes whose plain attributes a resumed run needs, by
+#: ``(module path, class name)``: their attribute names.
+STATEFUL_MODULE_ATTRS: Dict[Tuple[str, str], Tuple[str, ...]] = {
+    ('mmdet.models.data_preprocessors.data_preprocessor',
+     'BatchSyncRandomResize'): ('_input_size', ),
+}
+#: ``YOLOXHead``'s per-image target method and its L1 helper (the stock
+#: path batched targets fall back to, and must not find overridden).
+YOLOX_HEAD_METHODS = ('_get_targets_single', '_get_l1_target')
+
+
+def yolox_targets_single(head: Any) -> Any:
+    """``head._get_targets_single``, the per-image stock target path."""
+    return private(head, '_get_targets_single', 'mmdet',
+                   'YOLOX images that take the stock target path')
+
+
+#: mmdet hooks that switch the train pipeline once, restarting persistent
+#: workers to do it, and the attribute that says they have switched
+#: (mmdet 3.3.0). A resumed run's instance starts unswitched: it switches
+#: again in the first resumed epoch, wherever the original switched.
+SWITCH_ONCE_HOOKS = {'YOLOXModeSwitchHook': '_has_switched',
+                     'PipelineSwitchHook': '_has_switched'}
+
+
+def switched_hooks(hooks: Any) -> set:
+    """The names of the switch-once hooks among ``hooks`` that switched.
+
+    Args:
+        hooks (list[Hook]): The Runner's hooks.
+
+    Returns:
+        set[str]: Class names from :data:`SWITCH_ONCE_HOOKS`.
+    """
+    done = set()
+    for hook in hooks:
+        name = type(hook).__name__
+        if name in SWITCH_ONCE_HOOKS and private(
+                hook, SWITCH_ONCE_HOOKS[name], 'mmdet',
+                'exact resume (whether the hook switched the pipeline)'):
+            done.add(name)
+    return done

@@ -1,0 +1,223 @@
+"""torch internals: DataLoader iterators, the dispatcher's Python mode.
+
+Checked on torch 2.13.0 (:data:`fast_parallel.compat.CHECKED_ON`).
+"""
+import functools
+from typing import Any, Callable, Optional, Tuple
+
+from fast_parallel.compat.core import private
+
+# ------------------------------------------------------ torch DataLoader ---
+_LOADER_USE = 'FastDataLoader (the DataLoader iterators it extends)'
+
+
+def _dataloader_module() -> Any:
+    import torch.utils.data.dataloader as module
+    return module
+
+
+def dataloader_class(name: str) -> type:
+    """A class of ``torch.utils.data.dataloader`` by name (private ones).
+
+    Args:
+        name (str): E.g. ``'_BaseDataLoaderIter'``.
+
+    Returns:
+        type: The class.
+    """
+    return private(_dataloader_module(), name, 'torch', _LOADER_USE)
+
+
+#: What the fast iterators use of torch's: (class name, attribute).
+_ITERATOR_METHODS = (('_BaseDataLoaderIter', '_next_data'),
+                     ('_BaseDataLoaderIter', '_reset'),
+                     ('_MultiProcessingDataLoaderIter', '_shutdown_workers'),
+                     ('DataLoader', '_get_iterator'),
+                     ('DataLoader', 'check_worker_number_rationality'))
+#: Attributes torch's iterators set in ``__init__`` that fast_parallel reads.
+_ITERATOR_STATE = ('_base_seed', '_sampler_iter', '_num_yielded',
+                   '_dataset_kind')
+
+
+@functools.lru_cache(maxsize=None)
+def check_dataloader_internals() -> None:
+    """Checks, once, everything fast_parallel uses of torch's DataLoader.
+
+    Raises:
+        CompatError: Naming the first internal that is missing.
+    """
+    from torch.autograd import profiler
+    from torch.utils.data import DataLoader
+    private(profiler, '_is_profiler_enabled', 'torch', _LOADER_USE)
+    for cls, attr in _ITERATOR_METHODS:
+        owner = DataLoader if cls == 'DataLoader' else dataloader_class(cls)
+        private(owner, attr, 'torch', _LOADER_USE)
+    # An iterator draws its base seed: from a generator of its own here, so
+    # that the check leaves the global random state (and so the run) alone.
+    import torch
+    loader = DataLoader([0], generator=torch.Generator())
+    private(loader, '_iterator', 'torch', _LOADER_USE)
+    iterator = iter(loader)
+    for attr in _ITERATOR_STATE:
+        private(iterator, attr, 'torch', _LOADER_USE)
+
+
+# ------------------------------------------ persistent workers, resume ---
+_PERSISTENT_USE = 'exact resume (the persistent workers\' iterator)'
+
+
+def persistent_iterator(loader: Any) -> Any:
+    """A DataLoader's persistent iterator (``loader._iterator``), or None.
+    """
+    return private(loader, '_iterator', 'torch', _PERSISTENT_USE)
+
+
+def set_persistent_iterator(loader: Any, iterator: Any) -> None:
+    """Sets ``loader._iterator``, which ``DataLoader.__iter__`` reuses
+    (``_reset``) or, when None, starts anew (``_get_iterator``)."""
+    private(loader, '_iterator', 'torch', _PERSISTENT_USE)
+    loader._iterator = iterator
+
+
+
+
+def iterator_base_seed(iterator: Any) -> Optional[int]:
+    """The base seed a DataLoader iterator gave its workers, or None."""
+    return None if iterator is None else private(
+        iterator, '_base_seed', 'torch', _PERSISTENT_USE)
+
+
+def shutdown_workers(iterator: Any) -> None:
+    """Stops a multi-process DataLoader iterator's workers now (torch's
+    ``_shutdown_workers``); does nothing for single-process ones."""
+    stop = getattr(iterator, '_shutdown_workers', None)
+    if stop is not None:
+        stop()
+
+
+def start_iterator(loader: Any) -> Any:
+    """A new iterator of ``loader`` (``DataLoader._get_iterator``)."""
+    return private(loader, '_get_iterator', 'torch', _PERSISTENT_USE)()
+
+
+def override_start(loader: Any, start: Optional[Callable[[], Any]]) -> None:
+    """Makes ``DataLoader.__iter__`` start the loader's next persistent
+    iterator with ``start`` (an instance attribute ``_get_iterator``, one
+    instance only); None takes it away again."""
+    private(loader, '_get_iterator', 'torch', _PERSISTENT_USE)
+    if start is None:
+        loader.__dict__.pop('_get_iterator', None)
+    else:
+        loader._get_iterator = start
+
+
+def rehold(holder: Any, attr: str, old: Any, new: Any,
+           iterator: Any) -> None:
+    """Points a holder that :func:`started_iterators` found at a new loader
+    and its iterator (the old loader itself is left alone).
+
+    Args:
+        holder: The loop, or a wrapper of the old loader's iterator.
+        attr (str): The attribute holding the iterator.
+        old (DataLoader): The loader replaced.
+        new (DataLoader): Its replacement.
+        iterator: The new loader's iterator.
+    """
+    if holder is old:
+        return
+    if getattr(holder, '_dataloader', None) is old:
+        holder._dataloader = new
+    setattr(holder, attr, iterator)
+
+
+def started_iterators(loop: Any,
+                      loader: Any) -> list:
+    """Where a loop (or its loader) holds an iterator already started.
+
+    Looks at the loader's persistent iterator (``loader._iterator``), the
+    loop's own attributes that are DataLoader iterators, and wrappers that
+    hold one over this loader (mmengine's ``_InfiniteDataloaderIterator``:
+    ``_dataloader`` and ``_iterator``).
+
+    Args:
+        loop: An mmengine loop.
+        loader (DataLoader): Its DataLoader.
+
+    Returns:
+        list[tuple]: ``(holder, attribute)`` pairs; empty when no iterator
+        has started.
+    """
+    found = []
+    if getattr(loader, '_iterator', None) is not None:
+        found.append((loader, '_iterator'))
+    for attr, value in vars(loop).items():
+        if isinstance(value, base_iterator_class()):
+            found.append((loop, attr))
+        elif (getattr(value, '_dataloader', None) is loader and isinstance(
+                getattr(value, '_iterator', None), base_iterator_class())):
+            found.append((value, '_iterator'))
+    return found
+
+
+
+def base_iterator_class() -> type:
+    """torch's ``_BaseDataLoaderIter``."""
+    return dataloader_class('_BaseDataLoaderIter')
+
+
+@functools.lru_cache(maxsize=None)
+def fast_iterator_classes() -> Tuple[type, type]:
+    """torch's single- and multi-process DataLoader iterators without the
+    per-batch profiler scope, taking an inherited base seed.
+
+    Returns:
+        tuple: ``(single-process class, multi-process class)``.
+    """
+    from torch.autograd import profiler
+    base = dataloader_class('_BaseDataLoaderIter')
+    kind = dataloader_class('_DatasetKind')
+    single = dataloader_class('_SingleProcessDataLoaderIter')
+    multi = dataloader_class('_MultiProcessingDataLoaderIter')
+
+    class _UnlabelledNext:
+        """``__next__`` of torch's iterators without the profiler scope."""
+
+        def __next__(self) -> Any:
+            # torch's profilers (autograd, kineto, emit_nvtx/itt) set it.
+            if profiler._is_profiler_enabled or \
+                    self._dataset_kind != kind.Map:
+                # Iterable datasets keep torch's length checks and warnings.
+                return super().__next__()
+            if self._sampler_iter is None:
+                self._reset()
+            data = self._next_data()
+            self._num_yielded += 1
+            return data
+
+    class _InheritedSeed(base):
+        """Takes the base seed a rebuilt loader inherits from its
+        predecessor (``loader._fast_parallel_base_seed``), right above
+        torch's base class in the MRO, so the seed is in place before the
+        multi-process iterator hands it to its workers."""
+
+        def __init__(self, loader: Any) -> None:
+            super().__init__(loader)
+            seed = getattr(loader, '_fast_parallel_base_seed', None)
+            if seed is not None:
+                self._base_seed = seed
+
+    class SingleProcessIter(_UnlabelledNext, single, _InheritedSeed):
+        pass
+
+    class MultiProcessingIter(_UnlabelledNext, multi, _InheritedSeed):
+        pass
+
+    return SingleProcessIter, MultiProcessingIter
+
+
+def dispatch_mode_class() -> type:
+    """torch's ``TorchDispatchMode`` (``torch.utils._python_dispatch``)."""
+    import importlib
+    module = importlib.import_module('torch.utils._python_dispatch')
+    return private(module, 'TorchDispatchMode', 'torch',
+                   'counting operations (fast_parallel.bench.opcount)')
