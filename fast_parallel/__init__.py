@@ -18,8 +18,8 @@ from fast_parallel.parity.accuracy import AccuracyParityHook
 from fast_parallel.resume.checkpoint import allow_mmengine_checkpoints
 from fast_parallel.resume.hook import ExactResumeHook
 from fast_parallel.step.foreach_ema import fuse_ema, unfuse_ema
-from fast_parallel.step.fused_optim import (fuse_optim_wrapper,
-                                            fuse_optimizer, unfuse_optimizer)
+from fast_parallel.step.fused_optim import (fuse_optim_wrapper, fuse_optimizer,
+                                            unfuse_optimizer)
 from fast_parallel.wrappers import (FastDataParallel,
                                     FastDistributedDataParallel)
 

@@ -76,9 +76,8 @@ def cpu_model_wrapper_cfg(cfg: Config) -> Optional[dict]:
     return wrapper
 
 
-def apply_common_args(cfg: Config, config_path: str,
-                      work_dir: Optional[str], launcher: str,
-                      fast: Optional[bool]) -> Config:
+def apply_common_args(cfg: Config, config_path: str, work_dir: Optional[str],
+                      launcher: str, fast: Optional[bool]) -> Config:
     """Work dir, launcher and the fast-path switch, as the tools share them.
 
     Args:
@@ -158,15 +157,21 @@ def parse_common_args(parser: argparse.ArgumentParser,
         argparse.Namespace: The parsed arguments.
     """
     parser.add_argument(
-        '--fast', action=argparse.BooleanOptionalAction, default=None,
+        '--fast',
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help='--fast: switch the fast data path on; --no-fast: off; '
         'neither: as the config says')
     parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction,
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
         help='override settings of the config, key=value')
     parser.add_argument(
-        '--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-        default='none', help='job launcher')
+        '--launcher',
+        choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none',
+        help='job launcher')
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
     if 'LOCAL_RANK' not in os.environ:

@@ -3,13 +3,11 @@ from typing import Optional, Sequence
 
 from mmengine.config import Config
 
-
 #: The hooks ``enable`` adds and ``disable`` removes.
 FAST_HOOKS = ('FastParallelHook', 'ExactResumeHook')
 
 
-def enable(cfg: Config,
-           device_ids: Optional[Sequence[int]] = None) -> Config:
+def enable(cfg: Config, device_ids: Optional[Sequence[int]] = None) -> Config:
     """Switches a config to the fast data path, in place.
 
     Adds ``fast_parallel`` to ``custom_imports`` and ``FastParallelHook`` and
@@ -100,8 +98,8 @@ def disable(cfg: Config) -> Config:
 
 
 def _hook_type(hook) -> str:
-    return _type_name(hook.get('type') if isinstance(hook, dict) else
-                      type(hook))
+    return _type_name(
+        hook.get('type') if isinstance(hook, dict) else type(hook))
 
 
 def _type_name(kind) -> str:

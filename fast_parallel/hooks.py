@@ -11,22 +11,26 @@ from mmengine.runner import BaseLoop
 from torch import nn
 from torch.utils.data import DataLoader
 
-from fast_parallel.data.collate import (PackedCollate, is_packed_collate, packed_config_hint,
-                      reporting_worker_states)
 from fast_parallel.compat import (LOADER_CONFIGS, check_runner, loader_config,
                                   loop_as_is)
+from fast_parallel.data.collate import (PackedCollate, is_packed_collate,
+                                        packed_config_hint,
+                                        reporting_worker_states)
+from fast_parallel.data.loader import accelerator_available, make_fast
+from fast_parallel.data.rebuild import (rebuild_started, sampler_names,
+                                        started_iterators)
+from fast_parallel.resume.hook import needs_worker_states
 from fast_parallel.step.foreach_ema import fuse_ema
 from fast_parallel.step.fused_optim import fuse_optim_wrapper
-from fast_parallel.data.loader import accelerator_available, make_fast
-from fast_parallel.resume.hook import needs_worker_states
-from fast_parallel.data.rebuild import rebuild_started, sampler_names, started_iterators
-from fast_parallel.wrappers import FastDataParallel, FastDistributedDataParallel
+from fast_parallel.wrappers import (FastDataParallel,
+                                    FastDistributedDataParallel)
 from fast_parallel.wrappers.data_parallel import module_device
 
 FAST_WRAPPERS = (FastDataParallel, FastDistributedDataParallel)
 
 
-def prepare_loader(loader: DataLoader, pin: bool,
+def prepare_loader(loader: DataLoader,
+                   pin: bool,
                    worker_states: bool = False) -> None:
     """Puts the fast data path into a DataLoader whose iterator has not
     started: packed collate, :class:`FastDataLoader`, pinned memory.
@@ -46,7 +50,7 @@ def prepare_loader(loader: DataLoader, pin: bool,
     if pin and torch.cuda.is_available() and not loader.pin_memory:
         loader.pin_memory = True
     if loader.pin_memory and not accelerator_available():
-        # torch would not pin (and would warn from fast_parallel/data/loader.py,
+        # torch would not pin (and would warn from fast_parallel's loader,
         # whose iterator calls its __init__): the same batches, no warning.
         loader.pin_memory = False
 
@@ -174,8 +178,9 @@ class FastParallelHook(Hook):
             loader = getattr(loop, 'dataloader', None) if isinstance(
                 loop, BaseLoop) else None
             if isinstance(loader, DataLoader):
-                self.loaders[kind] = self._install(
-                    runner, kind, loop, loader_config(runner, kind), pin)
+                self.loaders[kind] = self._install(runner, kind, loop,
+                                                   loader_config(runner, kind),
+                                                   pin)
 
     def before_train(self, runner) -> None:
         """Fuses the optimizer step and the EMA updates.
@@ -218,8 +223,9 @@ class FastParallelHook(Hook):
             device += f', device_ids {self.device_ids}'
         parts = [f'wrapper {type(model).__name__} ({device})']
         if self.loaders:
-            parts.append('loaders: ' + ', '.join(
-                f'{kind} {outcome}' for kind, outcome in self.loaders.items()))
+            parts.append('loaders: ' +
+                         ', '.join(f'{kind} {outcome}'
+                                   for kind, outcome in self.loaders.items()))
         parts += done
         if not self.fuse_optimizer:
             parts.append('optimizer: left stock (fuse_optimizer=False)')
@@ -234,7 +240,8 @@ class FastParallelHook(Hook):
         A loader no iterator has started yet (epoch loops, validation,
         test) changes in place. One already started (``IterBasedTrainLoop``
         starts it when built; its workers have prefetched) is built again
-        from its config (:mod:`fast_parallel.data.rebuild`); where that cannot be
+        from its config (:mod:`fast_parallel.data.rebuild`); where that cannot
+        be
         exact the loop stays on the stock path, with a warning.
 
         The train loader of an epoch-based loop with persistent workers
@@ -264,8 +271,8 @@ class FastParallelHook(Hook):
         runner.logger.warning(
             f'FastParallelHook: the {name} DataLoader '
             f'({sampler_names(loader)}) stays on the stock data path, '
-            f'so that it trains on the same batches as stock: {why}. '
-            + packed_config_hint(name, cfg, pin and accelerator_available()))
+            f'so that it trains on the same batches as stock: {why}. ' +
+            packed_config_hint(name, cfg, pin and accelerator_available()))
         short = why.split(' (')[0].split(',')[0]
         return f'stock ({sampler_names(loader)}: {short})'
 

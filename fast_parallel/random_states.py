@@ -12,8 +12,10 @@ def random_states() -> dict:
         dict: ``python``, ``numpy``, ``torch`` and, where CUDA is
         initialised, ``cuda``.
     """
-    states = dict(python=random.getstate(), numpy=np.random.get_state(),
-                  torch=torch.get_rng_state())
+    states = dict(
+        python=random.getstate(),
+        numpy=np.random.get_state(),
+        torch=torch.get_rng_state())
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states['cuda'] = torch.cuda.get_rng_state_all()
     return states

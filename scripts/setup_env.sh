@@ -49,8 +49,9 @@ has 'import mmdet3d' || $PIP install --no-deps -r requirements/mmdet3d.txt
 # only): --no-warn-conflicts keeps pip from printing that as an ERROR.
 has 'import nuscenes, lyft_dataset_sdk, numba, trimesh, plyfile, skimage' \
   || $PIP install --no-warn-conflicts -r requirements/mmdet3d-deps.txt
-has 'import pytest, hypothesis' \
-  || $PIP install --no-warn-conflicts -r requirements/tests.txt  # open3d, as above
+has 'import pytest, hypothesis, flake8, isort, yapf' \
+  || $PIP install --no-warn-conflicts -r requirements/tests.txt \
+       -r requirements/lint.txt  # open3d, as above
 # Editable: the tools run the installed package, so it must be this clone's
 # files (-I: not found through the working directory, as a tool would not).
 "$PY" -I -c 'import importlib.util as u, os, sys

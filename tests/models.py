@@ -13,9 +13,11 @@ from fast_parallel.bench.synthetic import pointpillars_samples, yolox_samples
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = {
-    'yolox': osp.join(ROOT, 'configs/yolox/yolox_tiny_fast_sample.py'),
-    'pointpillars': osp.join(
-        ROOT, 'configs/pointpillars/pointpillars_hv_secfpn_fast_sample.py'),
+    'yolox':
+    osp.join(ROOT, 'configs/yolox/yolox_tiny_fast_sample.py'),
+    'pointpillars':
+    osp.join(ROOT,
+             'configs/pointpillars/pointpillars_hv_secfpn_fast_sample.py'),
 }
 
 
@@ -51,7 +53,8 @@ def build_model(kind: str, seed: int = 0) -> nn.Module:
     return model
 
 
-def sample_batches(kind: str, steps: int,
+def sample_batches(kind: str,
+                   steps: int,
                    batch_size: int = 2) -> List[List[Dict]]:
     """Per step, the packed samples of one batch (different every step).
 
@@ -64,9 +67,10 @@ def sample_batches(kind: str, steps: int,
         list[list[dict]]: ``steps`` lists of ``batch_size`` samples.
     """
     make: Callable = {
-        'yolox': lambda n, s: yolox_samples(n, size=128, max_boxes=6, seed=s),
-        'pointpillars': lambda n, s: pointpillars_samples(
-            n, 1500, 2500, max_boxes=4, seed=s),
+        'yolox':
+        lambda n, s: yolox_samples(n, size=128, max_boxes=6, seed=s),
+        'pointpillars':
+        lambda n, s: pointpillars_samples(n, 1500, 2500, max_boxes=4, seed=s),
     }[kind]
     return [make(batch_size, 1000 + i) for i in range(steps)]
 

@@ -45,8 +45,9 @@ def states_digest() -> str:
     states = random_states()
     states['torch'] = states['torch'].numpy().tobytes()
     states['numpy'] = (states['numpy'][1].tobytes(), ) + states['numpy'][2:]
-    return hashlib.sha1(pickle.dumps(
-        (states['python'], states['numpy'], states['torch']))).hexdigest()
+    return hashlib.sha1(
+        pickle.dumps(
+            (states['python'], states['numpy'], states['torch']))).hexdigest()
 
 
 class BatchRecorder(Hook):
@@ -62,7 +63,9 @@ class BatchRecorder(Hook):
         self.packed = 0
         self.with_worker_states = 0
 
-    def before_train_iter(self, runner, batch_idx: int,
+    def before_train_iter(self,
+                          runner,
+                          batch_idx: int,
                           data_batch=None) -> None:
         self.states.append(states_digest())
         if isinstance(data_batch, PackedBatch):
@@ -91,12 +94,19 @@ def _coco(images: List[dict]) -> dict:
     for img in images:
         for k in range(1 + img['id'] % 3):
             anns.append(
-                dict(id=len(anns) + 1, image_id=img['id'],
-                     category_id=1 + (img['id'] + k) % 2,
-                     bbox=[2.0 + k, 3.0, 10.0 + img['id'], 12.0], area=120.0,
-                     iscrowd=0, instance_id=k))
-    return dict(images=images, annotations=anns,
-                categories=[dict(id=1, name='a'), dict(id=2, name='b')])
+                dict(
+                    id=len(anns) + 1,
+                    image_id=img['id'],
+                    category_id=1 + (img['id'] + k) % 2,
+                    bbox=[2.0 + k, 3.0, 10.0 + img['id'], 12.0],
+                    area=120.0,
+                    iscrowd=0,
+                    instance_id=k))
+    return dict(
+        images=images,
+        annotations=anns,
+        categories=[dict(id=1, name='a'),
+                    dict(id=2, name='b')])
 
 
 def _image(i: int) -> dict:
@@ -107,8 +117,13 @@ def _image(i: int) -> dict:
 def _frame(video: int, frame: int) -> dict:
     w, h = (48, 64) if video in (1, 2) else (64, 48)
     i = video * 4 + frame + 1
-    return dict(id=i, file_name=f'v{video}/{frame}.jpg', width=w, height=h,
-                video_id=video + 1, frame_id=frame)
+    return dict(
+        id=i,
+        file_name=f'v{video}/{frame}.jpg',
+        width=w,
+        height=h,
+        video_id=video + 1,
+        frame_id=frame)
 
 
 def write_ann_files(root) -> Dict[str, str]:
@@ -128,9 +143,12 @@ def write_ann_files(root) -> Dict[str, str]:
 
 def _coco_dataset(ann_file: str) -> dict:
     return dict(
-        type='CocoDataset', ann_file=ann_file, data_root='',
+        type='CocoDataset',
+        ann_file=ann_file,
+        data_root='',
         data_prefix=dict(img=''),
-        metainfo=dict(classes=('a', 'b')), filter_cfg=None,
+        metainfo=dict(classes=('a', 'b')),
+        filter_cfg=None,
         pipeline=[
             dict(type='LoadAnnotations', with_bbox=True),
             dict(type='PackDetInputs', meta_keys=('img_id', ))
@@ -138,63 +156,86 @@ def _coco_dataset(ann_file: str) -> dict:
 
 
 def _concat(files: Dict[str, str]) -> dict:
-    return dict(type='ConcatDataset', datasets=[
-        _coco_dataset(files['coco_a']), _coco_dataset(files['coco_b'])])
+    return dict(
+        type='ConcatDataset',
+        datasets=[
+            _coco_dataset(files['coco_a']),
+            _coco_dataset(files['coco_b'])
+        ])
 
 
 def _video(files: Dict[str, str]) -> dict:
-    return dict(type='BaseVideoDataset', ann_file=files['video'],
-                data_root='', metainfo=dict(classes=('a', 'b')),
-                pipeline=[
-                    dict(type='UniformRefFrameSample', num_ref_imgs=1,
-                         frame_range=2, filter_key_img=True),
-                    dict(type='TransformBroadcaster',
-                         transforms=[dict(type='LoadTrackAnnotations')]),
-                    dict(type='PackTrackInputs')
-                ])
+    return dict(
+        type='BaseVideoDataset',
+        ann_file=files['video'],
+        data_root='',
+        metainfo=dict(classes=('a', 'b')),
+        pipeline=[
+            dict(
+                type='UniformRefFrameSample',
+                num_ref_imgs=1,
+                frame_range=2,
+                filter_key_img=True),
+            dict(
+                type='TransformBroadcaster',
+                transforms=[dict(type='LoadTrackAnnotations')]),
+            dict(type='PackTrackInputs')
+        ])
 
 
 #: Per sampler class: dataset, sampler, batch sampler; loops it runs in
 #: (infinite samplers never end an epoch, so they run in iteration loops).
 CASES: Dict[str, dict] = {
-    'DefaultSampler': dict(
+    'DefaultSampler':
+    dict(
         dataset=lambda f: _coco_dataset(f['coco_a']),
         sampler=dict(type='DefaultSampler', shuffle=True)),
-    'InfiniteSampler': dict(
+    'InfiniteSampler':
+    dict(
         dataset=lambda f: _coco_dataset(f['coco_a']),
         sampler=dict(type='InfiniteSampler', shuffle=True),
         loops=('iter', )),
-    'AspectRatioBatchSampler': dict(
+    'AspectRatioBatchSampler':
+    dict(
         dataset=lambda f: _coco_dataset(f['coco_a']),
         sampler=dict(type='DefaultSampler', shuffle=True),
         batch_sampler=dict(type='AspectRatioBatchSampler')),
-    'ClassAwareSampler': dict(
+    'ClassAwareSampler':
+    dict(
         dataset=lambda f: _coco_dataset(f['coco_a']),
         sampler=dict(type='ClassAwareSampler', num_sample_class=1)),
-    'MultiSourceSampler': dict(
+    'MultiSourceSampler':
+    dict(
         dataset=_concat,
-        sampler=dict(type='MultiSourceSampler', batch_size=2,
-                     source_ratio=[1, 1]),
+        sampler=dict(
+            type='MultiSourceSampler', batch_size=2, source_ratio=[1, 1]),
         loops=('iter', )),
-    'GroupMultiSourceSampler': dict(
+    'GroupMultiSourceSampler':
+    dict(
         dataset=_concat,
-        sampler=dict(type='GroupMultiSourceSampler', batch_size=2,
-                     source_ratio=[1, 1]),
+        sampler=dict(
+            type='GroupMultiSourceSampler', batch_size=2, source_ratio=[1, 1]),
         loops=('iter', )),
-    'CustomSampleSizeSampler': dict(
+    'CustomSampleSizeSampler':
+    dict(
         dataset=_concat,
         sampler=dict(type='CustomSampleSizeSampler', dataset_size=[-1, 4])),
-    'MultiDataSampler': dict(
+    'MultiDataSampler':
+    dict(
         dataset=_concat,
         sampler=dict(type='MultiDataSampler', dataset_ratio=[1, 2])),
-    'MultiDataAspectRatioBatchSampler': dict(
+    'MultiDataAspectRatioBatchSampler':
+    dict(
         dataset=_concat,
         sampler=dict(type='DefaultSampler', shuffle=True),
-        batch_sampler=dict(type='MultiDataAspectRatioBatchSampler',
-                           batch_size=[2, 2], num_datasets=2)),
-    'TrackImgSampler': dict(
-        dataset=_video, sampler=dict(type='TrackImgSampler')),
-    'TrackAspectRatioBatchSampler': dict(
+        batch_sampler=dict(
+            type='MultiDataAspectRatioBatchSampler',
+            batch_size=[2, 2],
+            num_datasets=2)),
+    'TrackImgSampler':
+    dict(dataset=_video, sampler=dict(type='TrackImgSampler')),
+    'TrackAspectRatioBatchSampler':
+    dict(
         dataset=_video,
         sampler=dict(type='TrackImgSampler'),
         batch_sampler=dict(type='TrackAspectRatioBatchSampler')),
@@ -207,9 +248,16 @@ CASES: Dict[str, dict] = {
 STOCK_WITH_WORKERS = {'GroupMultiSourceSampler'}
 
 
-def train(files: Dict[str, str], work_dir, case: str, loop: str,
-          workers: int, fast: bool, persistent: bool = True,
-          iters: int = ITERS, epochs: int = 2, seed: Optional[int] = 7,
+def train(files: Dict[str, str],
+          work_dir,
+          case: str,
+          loop: str,
+          workers: int,
+          fast: bool,
+          persistent: bool = True,
+          iters: int = ITERS,
+          epochs: int = 2,
+          seed: Optional[int] = 7,
           resume_from: Optional[str] = None,
           checkpoints: bool = False,
           exact_first: bool = False) -> BatchRecorder:
@@ -236,8 +284,10 @@ def train(files: Dict[str, str], work_dir, case: str, loop: str,
     """
     spec = CASES[case]
     loader = dict(
-        dataset=spec['dataset'](files), sampler=spec['sampler'],
-        batch_size=2, num_workers=workers,
+        dataset=spec['dataset'](files),
+        sampler=spec['sampler'],
+        batch_size=2,
+        num_workers=workers,
         persistent_workers=persistent and workers > 0)
     if 'batch_sampler' in spec:
         loader['batch_sampler'] = spec['batch_sampler']
@@ -245,22 +295,31 @@ def train(files: Dict[str, str], work_dir, case: str, loop: str,
         if loop == 'iter' else dict(type='EpochBasedTrainLoop',
                                     max_epochs=epochs)
     recorder = BatchRecorder()
-    hooks: List[Any] = [dict(type='FastParallelHook'),
-                        dict(type='ExactResumeHook')] if fast else []
+    hooks: List[Any] = [
+        dict(type='FastParallelHook'),
+        dict(type='ExactResumeHook')
+    ] if fast else []
     if exact_first:
         hooks.reverse()
-    checkpoint = dict(type='CheckpointHook', interval=1,
-                      by_epoch=loop == 'epoch') if checkpoints else None
+    checkpoint = dict(
+        type='CheckpointHook', interval=1, by_epoch=loop
+        == 'epoch') if checkpoints else None
     runner = Runner(
-        model=OneParameter(), work_dir=str(work_dir),
+        model=OneParameter(),
+        work_dir=str(work_dir),
         experiment_name=f'order_{uuid.uuid4().hex}',
-        train_dataloader=loader, train_cfg=train_cfg,
+        train_dataloader=loader,
+        train_cfg=train_cfg,
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
-        default_hooks=dict(checkpoint=checkpoint,
-                           logger=dict(type='LoggerHook', interval=1000)),
-        custom_hooks=hooks + [recorder], randomness=dict(seed=seed),
-        default_scope='mmdet', log_level='WARNING',
-        load_from=resume_from, resume=resume_from is not None)
+        default_hooks=dict(
+            checkpoint=checkpoint,
+            logger=dict(type='LoggerHook', interval=1000)),
+        custom_hooks=hooks + [recorder],
+        randomness=dict(seed=seed),
+        default_scope='mmdet',
+        log_level='WARNING',
+        load_from=resume_from,
+        resume=resume_from is not None)
     runner.train()
     # Workers still running (persistent ones, infinite samplers) would stop
     # only when garbage collection reaches the loader, where torch's join

@@ -28,8 +28,8 @@ def sample_config(path: str, data: Path, work_dir: Path, fast: bool,
     Returns:
         Config: The config.
     """
-    text = Config.fromfile(path).pretty_text.replace(
-        'data/sample/', str(data) + '/')
+    text = Config.fromfile(path).pretty_text.replace('data/sample/',
+                                                     str(data) + '/')
     cfg = Config.fromstring(text, '.py')
     cfg.work_dir = str(work_dir)
     cfg.experiment_name = f'{"fast" if fast else "stock"}_{uuid.uuid4().hex}'
@@ -58,9 +58,8 @@ def with_fault_hook(cfg: Config, hook: str, path: Path) -> Path:
     Returns:
         Path: ``path``; run it with :func:`fault_env`.
     """
-    cfg.custom_imports['imports'] = list(cfg.custom_imports['imports']) + [
-        'crash_hook'
-    ]
+    cfg.custom_imports['imports'] = list(
+        cfg.custom_imports['imports']) + ['crash_hook']
     cfg.custom_hooks = list(cfg.custom_hooks) + [dict(type=hook)]
     cfg.dump(str(path))
     return path
@@ -76,8 +75,10 @@ def fault_env(**variables: str) -> Dict[str, str]:
     Returns:
         dict: The environment for a tool's subprocess.
     """
-    env = {k: v for k, v in os.environ.items()
-           if k not in ('FP_KILL_AT_ITER', 'FP_RAISE_AT_ITER',
-                        'FP_RAISE_RANK')}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ('FP_KILL_AT_ITER', 'FP_RAISE_AT_ITER', 'FP_RAISE_RANK')
+    }
     env.update(variables, PYTHONPATH=TESTS)
     return env

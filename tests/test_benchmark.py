@@ -13,8 +13,9 @@ def test_quick_mode_writes_complete_json(tmp_path):
     out, png = tmp_path / 'bench.json', tmp_path / 'bench.png'
     benchmark.main(['--quick', '--json', str(out), '--plot', str(png)])
     results = json.loads(out.read_text())
-    assert set(results) >= {'machine', 'settings', 'data_path', 'collate',
-                            'transfers', 'gpu'}
+    assert set(results) >= {
+        'machine', 'settings', 'data_path', 'collate', 'transfers', 'gpu'
+    }
     assert results['settings']['step_kind'] == 'torch'
     for shape in ('yolox', 'pointpillars'):
         by_workers = results['data_path'][shape]
@@ -60,8 +61,10 @@ def test_ops_mode_counts_fewer_operations_same_step(tmp_path):
 
 def test_train_mode_runs_every_arm_in_fresh_processes(tmp_path):
     out, png = tmp_path / 'train.json', tmp_path / 'train.png'
-    benchmark.main(['--train', '--quick', '--json', str(out), '--plot',
-                    str(png)])
+    benchmark.main(
+        ['--train', '--quick', '--json',
+         str(out), '--plot',
+         str(png)])
     r = json.loads(out.read_text())['train']
     assert r['order'] == ['stock', 'stock+pin_memory', 'fast']
     assert r['settings']['iters'] == 3 and r['settings']['warmup'] == 1

@@ -1,4 +1,5 @@
-"""fast_parallel/resume/checkpoint.py: mmengine checkpoints load safely, nothing else.
+"""fast_parallel/resume/checkpoint.py: mmengine checkpoints load safely,
+nothing else.
 """
 import io
 import os
@@ -38,10 +39,13 @@ def test_message_hub_state_loads_with_weights_only():
     hub.update_scalar('train/loss', 1.5)
     hub.update_scalar('train/loss', np.float64(2.5))
     hub.update_info('iter', 3)
-    state = dict(message_hub=hub.state_dict(), meta=dict(
-        seed=np.int64(7), dtype=np.dtype('float32'),
-        arr=np.arange(3, dtype=np.float32),
-        numpy_rng=np.random.RandomState(0).get_state()))
+    state = dict(
+        message_hub=hub.state_dict(),
+        meta=dict(
+            seed=np.int64(7),
+            dtype=np.dtype('float32'),
+            arr=np.arange(3, dtype=np.float32),
+            numpy_rng=np.random.RandomState(0).get_state()))
     loaded = torch.load(save(state), weights_only=True)
     buf = loaded['message_hub']['log_scalars']['train/loss']
     assert isinstance(buf, HistoryBuffer)
@@ -74,8 +78,10 @@ def _pickled_globals(buf: io.BytesIO) -> set:
         name, = [n for n in archive.namelist() if n.endswith('/data.pkl')]
         data = archive.read(name)
     buf.seek(0)
-    return {arg.replace(' ', '.') for op, arg, _ in pickletools.genops(data)
-            if op.name == 'GLOBAL'}
+    return {
+        arg.replace(' ', '.')
+        for op, arg, _ in pickletools.genops(data) if op.name == 'GLOBAL'
+    }
 
 
 def _respelled(buf: io.BytesIO, old: bytes, new: bytes) -> io.BytesIO:
@@ -99,8 +105,10 @@ def _respelled(buf: io.BytesIO, old: bytes, new: bytes) -> io.BytesIO:
 
 
 def test_numpy_arrays_load_with_weights_only_as_this_numpy_pickles_them():
-    arrays = dict(arr=np.arange(6, dtype=np.float32).reshape(2, 3),
-                  scalar=np.float64(2.5), seed=np.int64(7))
+    arrays = dict(
+        arr=np.arange(6, dtype=np.float32).reshape(2, 3),
+        scalar=np.float64(2.5),
+        seed=np.int64(7))
     buf = save(arrays)
     # the rebuilders as this numpy pickles them (numpy 1: numpy.core,
     # numpy 2: numpy._core) are on the allow-list under those names
@@ -114,13 +122,12 @@ def test_numpy_arrays_load_with_weights_only_as_this_numpy_pickles_them():
     assert loaded['seed'] == 7 and type(loaded['seed']) is np.int64
 
 
-@pytest.mark.parametrize('spelling', [b'numpy.core.multiarray',
-                                      b'numpy._core.multiarray'])
+@pytest.mark.parametrize('spelling',
+                         [b'numpy.core.multiarray', b'numpy._core.multiarray'])
 def test_checkpoints_of_either_numpy_major_load_with_weights_only(spelling):
     arr = np.arange(5, dtype=np.int16)
     module = np.ndarray(0).__reduce__()[0].__module__.encode()
-    buf = _respelled(save(dict(arr=arr, x=np.float32(1.5))), module,
-                     spelling)
+    buf = _respelled(save(dict(arr=arr, x=np.float32(1.5))), module, spelling)
     assert spelling.decode() + '._reconstruct' in _pickled_globals(buf)
     loaded = torch.load(buf, weights_only=True)
     assert loaded['arr'].tobytes() == arr.tobytes()
@@ -135,16 +142,19 @@ def test_numpy_allow_list_entries_are_the_real_functions():
     entries = numpy_rebuilders()
     names = set()
     for entry in entries:
-        fn, name = entry if isinstance(entry, tuple) else (
-            entry, f'{entry.__module__}.{entry.__qualname__}')
+        fn, name = entry if isinstance(
+            entry, tuple) else (entry,
+                                f'{entry.__module__}.{entry.__qualname__}')
         module, attr = name.rsplit('.', 1)
         with warnings.catch_warnings():  # numpy 2's numpy.core warns
             warnings.simplefilter('ignore', DeprecationWarning)
             assert getattr(importlib.import_module(module), attr) is fn, name
         names.add(name)
-    assert names == {f'{m}.{f}' for m in ('numpy.core.multiarray',
-                                          'numpy._core.multiarray')
-                     for f in ('_reconstruct', 'scalar')}
+    assert names == {
+        f'{m}.{f}'
+        for m in ('numpy.core.multiarray', 'numpy._core.multiarray')
+        for f in ('_reconstruct', 'scalar')
+    }
     # the numpy functions ndarray and numpy scalars reduce to
     assert np.ndarray(0).__reduce__()[0] in entries
     assert np.float64(0).__reduce__()[0] in entries

@@ -13,18 +13,21 @@ from mmengine.structures import InstanceData
 from torch.utils.data import DataLoader, Dataset
 
 from fast_parallel import PackedBatch, PackedCollate, packed_collate
-from fast_parallel.data.collate import reporting_worker_states
-from fast_parallel.resume.hook import random_states, set_random_states
-from fast_parallel.data.ring import DEFAULT_RING, SharedRing
 from fast_parallel.bench.synthetic import pointpillars_samples, yolox_samples
+from fast_parallel.data.collate import reporting_worker_states
+from fast_parallel.data.ring import DEFAULT_RING, SharedRing
+from fast_parallel.resume.hook import random_states, set_random_states
 
 SHAPES = {
     # 8 images 3x640x640 uint8, 0..100 boxes (one sample with none)
-    'yolox': lambda seed: yolox_samples(
-        8, seed=seed,
+    'yolox':
+    lambda seed: yolox_samples(
+        8,
+        seed=seed,
         num_boxes=None if seed else [0, 100, 3, 57, 1, 0, 99, 12]),
     # 6 clouds of 15k..25k points x 4 float32, 0..40 LiDAR boxes
-    'pointpillars': lambda seed: pointpillars_samples(
+    'pointpillars':
+    lambda seed: pointpillars_samples(
         6, seed=seed, num_boxes=None if seed else [0, 40, 7, 1, 0, 23]),
 }
 
@@ -79,8 +82,12 @@ class SampleSet(Dataset):
                                               ('pointpillars', 6)])
 def test_across_a_real_dataloader_with_workers(shape, batch_size):
     dataset = SampleSet(shape, 2 * batch_size)
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=2,
-                        pin_memory=True, collate_fn=packed_collate)
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        num_workers=2,
+        pin_memory=True,
+        collate_fn=packed_collate)
     batches = list(loader)
     assert len(batches) == 2
     for b, packed in enumerate(batches):
@@ -107,31 +114,33 @@ class StridedSet(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         gen = torch.Generator().manual_seed(i)
-        frames = torch.randint(0, 256, (2, 3, 12, 10), generator=gen,
-                               dtype=torch.uint8)
+        frames = torch.randint(
+            0, 256, (2, 3, 12, 10), generator=gen, dtype=torch.uint8)
         sample = DetDataSample(metainfo=dict(img_id=i, img_shape=(12, 10)))
         sample.gt_instances = InstanceData(
             bboxes=torch.rand(4, 5, generator=gen).t(),
             labels=torch.tensor(i).expand(5))
         sample.sliced = torch.rand(3, 8, 5, generator=gen)[:, 1::2]
-        sample.overlapping = torch.rand(10, generator=gen).as_strided(
-            (4, 3), (2, 1))
+        sample.overlapping = torch.rand(
+            10, generator=gen).as_strided((4, 3), (2, 1))
         return dict(
             inputs=frames.contiguous(memory_format=torch.channels_last),
             data_samples=sample)
 
 
-@pytest.mark.parametrize('collate', [
-    packed_collate,
-    PackedCollate(),
-    PackedCollate(ring=None),
-], ids=['packed_collate', 'PackedCollate-ring', 'PackedCollate-fresh'])
+@pytest.mark.parametrize(
+    'collate', [
+        packed_collate,
+        PackedCollate(),
+        PackedCollate(ring=None),
+    ],
+    ids=['packed_collate', 'PackedCollate-ring', 'PackedCollate-fresh'])
 def test_strided_leaves_through_a_dataloader_equal_stock(collate):
     dataset = StridedSet()
 
     def batches(fn):
-        return list(DataLoader(dataset, batch_size=3, num_workers=2,
-                               collate_fn=fn))
+        return list(
+            DataLoader(dataset, batch_size=3, num_workers=2, collate_fn=fn))
 
     stock_batches = batches(pseudo_collate)
     fast_batches = batches(collate)
@@ -165,8 +174,9 @@ def test_packed_collate_is_registered_and_wraps_other_collates():
     samples = [dict(x=torch.full((3, ), float(i)), y=i) for i in range(4)]
     fn = PackedCollate(default_collate)
     assert_same_tree(fn(samples).unpack(), default_collate(samples))
-    assert_same_tree(PackedCollate(dict(type='default_collate'))(samples)
-                     .unpack(), default_collate(samples))
+    assert_same_tree(
+        PackedCollate(dict(type='default_collate'))(samples).unpack(),
+        default_collate(samples))
     assert packed_collate([]).unpack() == []
 
 
@@ -177,16 +187,17 @@ class RandomSet(Dataset):
         return 12
 
     def __getitem__(self, i: int) -> dict:
-        return dict(py=random.random(), np=float(np.random.rand()),
-                    pt=torch.rand(2))
+        return dict(
+            py=random.random(), np=float(np.random.rand()), pt=torch.rand(2))
 
 
-@pytest.mark.parametrize('ring', [DEFAULT_RING, None],
-                         ids=['ring', 'fresh'])
+@pytest.mark.parametrize('ring', [DEFAULT_RING, None], ids=['ring', 'fresh'])
 def test_worker_states_are_those_after_each_batch(ring):
-    loader = DataLoader(RandomSet(), batch_size=3, num_workers=2,
-                        collate_fn=PackedCollate(ring=ring,
-                                                 worker_states=True))
+    loader = DataLoader(
+        RandomSet(),
+        batch_size=3,
+        num_workers=2,
+        collate_fn=PackedCollate(ring=ring, worker_states=True))
     batches = list(loader)
     assert [b.worker_states[0] for b in batches] == [0, 1, 0, 1]
     saved = random_states()

@@ -15,9 +15,13 @@ from fast_parallel.step import fused_optim
 def test_this_stack_has_every_internal():
     compat.check_dataloader_internals.cache_clear()
     compat.check_dataloader_internals()
-    runner_like = type('Runner', (), dict(
-        _train_dataloader={}, _val_dataloader=None, _test_dataloader=None,
-        _randomness_cfg={}))()
+    runner_like = type(
+        'Runner', (),
+        dict(
+            _train_dataloader={},
+            _val_dataloader=None,
+            _test_dataloader=None,
+            _randomness_cfg={}))()
     compat.check_runner(runner_like)
     assert fused_optim.MISSING_INTERNALS == []
 
@@ -43,12 +47,17 @@ def test_missing_torch_internal_is_named(monkeypatch):
 
 @pytest.mark.parametrize('attr', ['_train_dataloader', '_randomness_cfg'])
 def test_missing_runner_internal_is_named(attr):
-    names = dict(_train_dataloader={}, _val_dataloader=None,
-                 _test_dataloader=None, _randomness_cfg={})
+    names = dict(
+        _train_dataloader={},
+        _val_dataloader=None,
+        _test_dataloader=None,
+        _randomness_cfg={})
     del names[attr]
     runner_like = type('Runner', (), names)()
-    with pytest.raises(CompatError, match=f'mmengine internal '
-                       f'`Runner.{attr}`.*checked on mmengine 0.10.7'):
+    with pytest.raises(
+            CompatError,
+            match=f'mmengine internal '
+            f'`Runner.{attr}`.*checked on mmengine 0.10.7'):
         compat.check_runner(runner_like)
 
 
@@ -61,8 +70,9 @@ def test_missing_mmengine_iterator_class(monkeypatch):
 def test_fused_optimizer_degrades_to_stock(monkeypatch):
     monkeypatch.setattr(fused_optim, 'MISSING_INTERNALS',
                         ['torch.optim.sgd.sgd'])
-    params = [dict(params=[torch.zeros(2, requires_grad=True)])
-              for _ in range(3)]
+    params = [
+        dict(params=[torch.zeros(2, requires_grad=True)]) for _ in range(3)
+    ]
     optimizer = torch.optim.SGD(params, lr=0.1, momentum=0.9)
     summary = fused_optim.fuse_optimizer(optimizer)
     assert type(optimizer) is torch.optim.SGD

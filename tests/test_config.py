@@ -14,8 +14,7 @@ from fast_parallel.config import is_enabled
     ('fast_parallel', ['fast_parallel']),
     (('json.decoder', 'fast_parallel'), ['json.decoder', 'fast_parallel']),
 ])
-def test_enable_keeps_custom_imports_a_list_of_module_names(imports,
-                                                            expected):
+def test_enable_keeps_custom_imports_a_list_of_module_names(imports, expected):
     cfg = Config(dict(custom_imports=dict(imports=imports)))
     fast_parallel.enable(cfg)
     assert cfg.custom_imports['imports'] == expected

@@ -22,16 +22,17 @@ from test_tools import run_tool
 
 import fast_parallel
 from fast_parallel.cli import (apply_common_args, build_runner,
-                                  cpu_model_wrapper_cfg)
+                               cpu_model_wrapper_cfg)
 
 CONFIG = CONFIGS['yolox']
 
 #: YOLOX-tiny on the backbone's stages 2 and 3 only: stage 4 (with its SPP)
 #: still runs but leaves the loss, so its parameters get no gradient, and
 #: DDP needs ``find_unused_parameters=True``.
-UNUSED_STAGE = ['model.backbone.out_indices=(2,3)',
-                'model.neck.in_channels=[96,192]',
-                'model.bbox_head.strides=[8,16]']
+UNUSED_STAGE = [
+    'model.backbone.out_indices=(2,3)', 'model.neck.in_channels=[96,192]',
+    'model.bbox_head.strides=[8,16]'
+]
 
 cpu_only = pytest.mark.skipif(
     torch.cuda.is_available(),
@@ -45,13 +46,15 @@ def test_enable_adds_no_wrapper_and_disable_keeps_its_settings():
     assert cfg.get('model_wrapper_cfg', None) is None
     # a config that names the fast wrapper: the stock run gets its parent,
     # with the same settings
-    cfg.model_wrapper_cfg = dict(type='FastDistributedDataParallel',
-                                 find_unused_parameters=True,
-                                 bucket_cap_mb=5)
+    cfg.model_wrapper_cfg = dict(
+        type='FastDistributedDataParallel',
+        find_unused_parameters=True,
+        bucket_cap_mb=5)
     fast_parallel.disable(cfg)
-    assert cfg.model_wrapper_cfg == dict(type='MMDistributedDataParallel',
-                                         find_unused_parameters=True,
-                                         bucket_cap_mb=5)
+    assert cfg.model_wrapper_cfg == dict(
+        type='MMDistributedDataParallel',
+        find_unused_parameters=True,
+        bucket_cap_mb=5)
     fast_parallel.enable(cfg)  # a user's wrapper config stays as it is
     assert cfg.model_wrapper_cfg.type == 'MMDistributedDataParallel'
     cfg.model_wrapper_cfg = dict(type='FastDataParallel')
@@ -61,13 +64,15 @@ def test_enable_adds_no_wrapper_and_disable_keeps_its_settings():
 def test_cpu_model_wrapper_cfg_is_stocks_with_device_ids_none():
     cfg = Config(dict(find_unused_parameters=True))
     assert cpu_model_wrapper_cfg(cfg) == dict(
-        type='MMDistributedDataParallel', device_ids=None,
-        broadcast_buffers=False, find_unused_parameters=True)
+        type='MMDistributedDataParallel',
+        device_ids=None,
+        broadcast_buffers=False,
+        find_unused_parameters=True)
     assert cpu_model_wrapper_cfg(Config())['find_unused_parameters'] is False
     own = dict(detect_anomalous_params=True, device_ids=[0])
     cfg = Config(dict(model_wrapper_cfg=own, find_unused_parameters=True))
-    assert cpu_model_wrapper_cfg(cfg) == dict(detect_anomalous_params=True,
-                                              device_ids=None)
+    assert cpu_model_wrapper_cfg(cfg) == dict(
+        detect_anomalous_params=True, device_ids=None)
     named = dict(type='FastDistributedDataParallel', static_graph=True)
     assert cpu_model_wrapper_cfg(Config(dict(model_wrapper_cfg=named))) == \
         dict(named, device_ids=None)
@@ -80,8 +85,10 @@ def _runner_wrapper(sample_data, tmp_path, fast: bool, **overrides):
     """The wrapper of a one-rank gloo run after FastParallelHook.before_run.
     """
     cfg = Config.fromfile(CONFIG)
-    cfg.merge_from_dict(dict(
-        option.split('=', 1) for option in data_options('yolox', sample_data)))
+    cfg.merge_from_dict(
+        dict(
+            option.split('=', 1)
+            for option in data_options('yolox', sample_data)))
     cfg.merge_from_dict(overrides)
     cfg.experiment_name = f'settings_{uuid.uuid4().hex}'
     apply_common_args(cfg, CONFIG, str(tmp_path / cfg.experiment_name),
@@ -94,20 +101,27 @@ def _runner_wrapper(sample_data, tmp_path, fast: bool, **overrides):
 
 
 @cpu_only
-@pytest.mark.parametrize('wrapper_cfg', [
-    None,
-    dict(broadcast_buffers=False, find_unused_parameters=True,
-         bucket_cap_mb=5),
-    dict(type='FastDistributedDataParallel', bucket_cap_mb=5),
-], ids=['runner_default', 'own_cfg', 'named_fast_wrapper'])
+@pytest.mark.parametrize(
+    'wrapper_cfg', [
+        None,
+        dict(
+            broadcast_buffers=False,
+            find_unused_parameters=True,
+            bucket_cap_mb=5),
+        dict(type='FastDistributedDataParallel', bucket_cap_mb=5),
+    ],
+    ids=['runner_default', 'own_cfg', 'named_fast_wrapper'])
 def test_fast_ddp_keeps_every_setting_of_stock(sample_data, tmp_path,
                                                monkeypatch, wrapper_cfg):
     from mmengine.model import MMDistributedDataParallel
 
     from fast_parallel import FastDistributedDataParallel
-    for key, value in dict(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1',
-                           MASTER_ADDR='127.0.0.1',
-                           MASTER_PORT=str(free_port())).items():
+    for key, value in dict(
+            RANK='0',
+            LOCAL_RANK='0',
+            WORLD_SIZE='1',
+            MASTER_ADDR='127.0.0.1',
+            MASTER_PORT=str(free_port())).items():
         monkeypatch.setenv(key, value)
     for key in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS'):  # the Runner sets them
         monkeypatch.setenv(key, os.environ.get(key, '1'))
@@ -143,8 +157,10 @@ def _losses(work_dir) -> list:
     scalars, = glob.glob(str(work_dir / '*' / 'vis_data' / 'scalars.json'))
     with open(scalars) as f:
         lines = [json.loads(line) for line in f]
-    return [{k: v for k, v in line.items() if k.startswith('loss')}
-            for line in lines if 'loss' in line]
+    return [{
+        k: v
+        for k, v in line.items() if k.startswith('loss')
+    } for line in lines if 'loss' in line]
 
 
 @cpu_only
@@ -154,12 +170,14 @@ def test_dist_train_unused_stage_stock_and_fast_equal(sample_data, tmp_path):
     for flag in ('--no-fast', '--fast'):
         work = tmp_path / flag.strip('-')
         env['PORT'] = str(free_port())
-        run_tool(['bash', 'tools/dist_train.sh', CONFIG, '2', flag,
-                  '--work-dir', str(work), '--cfg-options',
-                  *data_options('yolox', sample_data), 'randomness.seed=0',
-                  'find_unused_parameters=True', *UNUSED_STAGE,
-                  'train_cfg.max_epochs=1', 'train_cfg.val_interval=2',
-                  'default_hooks.checkpoint.interval=2'], env=env)
+        run_tool([
+            'bash', 'tools/dist_train.sh', CONFIG, '2', flag, '--work-dir',
+            str(work), '--cfg-options', *data_options('yolox', sample_data),
+            'randomness.seed=0', 'find_unused_parameters=True', *UNUSED_STAGE,
+            'train_cfg.max_epochs=1', 'train_cfg.val_interval=2',
+            'default_hooks.checkpoint.interval=2'
+        ],
+                 env=env)
         losses[flag] = _losses(work)
     # 8 images, 2 per process and iteration, 2 processes: 2 iterations
     assert len(losses['--fast']) == 2

@@ -28,8 +28,11 @@ def _worker(rank: int, world: int, port: int, fast: bool, out: str) -> None:
     from models import build_model, sample_batches, seed_all, snapshot
 
     from fast_parallel import FastDistributedDataParallel, packed_collate
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}',
-                            rank=rank, world_size=world)
+    dist.init_process_group(
+        'gloo',
+        init_method=f'tcp://127.0.0.1:{port}',
+        rank=rank,
+        world_size=world)
     try:
         model = build_model('yolox')
         optim_wrapper = build_optim_wrapper(
@@ -52,8 +55,12 @@ def _worker(rank: int, world: int, port: int, fast: bool, out: str) -> None:
 
 
 def run(fast: bool, out: str) -> dict:
-    mp.start_processes(_worker, args=(2, free_port(), fast, out), nprocs=2,
-                       join=True, start_method='spawn')
+    mp.start_processes(
+        _worker,
+        args=(2, free_port(), fast, out),
+        nprocs=2,
+        join=True,
+        start_method='spawn')
     return torch.load(out)
 
 
@@ -74,7 +81,9 @@ def test_fast_ddp_drops_device_ids_for_cpu_models(tmp_path):
 
     from fast_parallel import FastDistributedDataParallel
     dist.init_process_group(
-        'gloo', init_method=f'tcp://127.0.0.1:{free_port()}', rank=0,
+        'gloo',
+        init_method=f'tcp://127.0.0.1:{free_port()}',
+        rank=0,
         world_size=1)
     try:
         wrapper = FastDistributedDataParallel(

@@ -32,8 +32,13 @@ from fast_parallel.step.foreach_ema import fuse_ema, is_fused_ema, unfuse_ema
 UPDATES = 5
 CUDA = torch.cuda.is_available()
 #: The multi-tensor kernels exist on CUDA only: the same checks run there.
-DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not CUDA, reason='foreach kernels: needs CUDA'))]
+DEVICES = [
+    'cpu',
+    pytest.param(
+        'cuda',
+        marks=pytest.mark.skipif(
+            not CUDA, reason='foreach kernels: needs CUDA'))
+]
 
 
 @pytest.fixture(scope='module')
@@ -81,8 +86,8 @@ def pair(cls: Callable, model: nn.Module, **kwargs) -> tuple:
 CASES = {
     'ema': (ExponentialMovingAverage, dict(momentum=0.0002)),
     # momentum >= 0.5 takes lerp's other formula
-    'ema-large-interval2': (ExponentialMovingAverage,
-                            dict(momentum=0.75, interval=2)),
+    'ema-large-interval2':
+    (ExponentialMovingAverage, dict(momentum=0.75, interval=2)),
     'annealing': (MomentumAnnealingEMA, dict(momentum=0.0002, gamma=3)),
     'yolox-recipe': ('ExpMomentumEMA', dict(momentum=0.0001, gamma=2000)),
     'exp-fast-gamma': ('ExpMomentumEMA', dict(momentum=0.01, gamma=2)),
@@ -100,11 +105,11 @@ def resolve(name: str) -> tuple:
 def test_every_update_is_bitwise_stock(yolox, case, update_buffers):
     cls, kwargs = resolve(case)
     model = copy.deepcopy(yolox)
-    stock, fused, summary = pair(cls, model, update_buffers=update_buffers,
-                                 **kwargs)
-    assert summary.startswith(f'EMA ({cls.__name__}): 388 tensors in 1 '
-                              if update_buffers else
-                              f'EMA ({cls.__name__}): 240 tensors in 1 ')
+    stock, fused, summary = pair(
+        cls, model, update_buffers=update_buffers, **kwargs)
+    assert summary.startswith(
+        f'EMA ({cls.__name__}): 388 tensors in 1 '
+        if update_buffers else f'EMA ({cls.__name__}): 240 tensors in 1 ')
     gen = torch.Generator().manual_seed(0)
     for step in range(UPDATES):
         train_a_bit(model, gen)
@@ -155,8 +160,7 @@ def runner_stub(model: nn.Module, it: int) -> SimpleNamespace:
 def test_through_emahook_and_its_checkpoints(yolox):
     """The YOLOX recipe's hook: updates, save and resume, stock vs fused."""
     model = copy.deepcopy(yolox)
-    cfg = dict(ema_type='ExpMomentumEMA', momentum=0.0001,
-               update_buffers=True)
+    cfg = dict(ema_type='ExpMomentumEMA', momentum=0.0001, update_buffers=True)
     stock, fused = EMAHook(**cfg), EMAHook(**cfg)
     for hook in (stock, fused):
         hook.before_run(runner_stub(model, 0))
@@ -175,8 +179,9 @@ def test_through_emahook_and_its_checkpoints(yolox):
         saved.append(checkpoint)
     for key in ('state_dict', 'ema_state_dict'):
         assert list(saved[0][key]) == list(saved[1][key])
-        assert all(torch.equal(bits(v), bits(saved[1][key][k]))
-                   for k, v in saved[0][key].items())
+        assert all(
+            torch.equal(bits(v), bits(saved[1][key][k]))
+            for k, v in saved[0][key].items())
     # each hook resumes the other's checkpoint, then both go on alike
     stock.after_load_checkpoint(runner_stub(model, 3), saved[1])
     fused.after_load_checkpoint(runner_stub(model, 3), saved[0])
@@ -189,9 +194,11 @@ def test_through_emahook_and_its_checkpoints(yolox):
 
 
 # ------------------------------------------------------------- scalars
-WEIGHTS = [0.0002, 0.1 + 1e-9, 0.49999999, 0.5, 0.5000001, 0.75, 1 - 1e-7,
-           1 / 3] + torch.rand(24, generator=torch.Generator().manual_seed(
-               5), dtype=torch.float64).tolist()
+WEIGHTS = [
+    0.0002, 0.1 + 1e-9, 0.49999999, 0.5, 0.5000001, 0.75, 1 - 1e-7, 1 / 3
+] + torch.rand(
+    24, generator=torch.Generator().manual_seed(5),
+    dtype=torch.float64).tolist()
 
 
 def foreach_vs_per_tensor(dtype: torch.dtype,
@@ -216,20 +223,20 @@ def foreach_vs_per_tensor(dtype: torch.dtype,
     differ = dict.fromkeys(ops, 0)
     for name, (per_tensor, foreach) in ops.items():
         for weight in WEIGHTS:
-            expected = [per_tensor(a.clone(), s, weight)
-                        for a, s in zip(avg, src)]
+            expected = [
+                per_tensor(a.clone(), s, weight) for a, s in zip(avg, src)
+            ]
             fused = [a.clone() for a in avg]
             foreach(fused, src, weight)
-            differ[name] += not all(torch.equal(bits(x), bits(y))
-                                    for x, y in zip(expected, fused))
+            differ[name] += not all(
+                torch.equal(bits(x), bits(y)) for x, y in zip(expected, fused))
     return differ
 
 
 @pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('dtype', foreach_ema.FOREACH_DTYPES)
 def test_foreach_scalars_round_as_the_per_tensor_ops(dtype, device):
-    assert foreach_vs_per_tensor(dtype, device) == dict(lerp=0, mul=0,
-                                                        add=0)
+    assert foreach_vs_per_tensor(dtype, device) == dict(lerp=0, mul=0, add=0)
 
 
 @pytest.mark.skipif(not CUDA, reason='foreach kernels: needs CUDA')
@@ -238,8 +245,7 @@ def test_foreach_scalars_round_as_the_per_tensor_ops(dtype, device):
 def test_every_update_is_bitwise_stock_on_cuda(yolox, case, update_buffers):
     cls, kwargs = resolve(case)
     model = copy.deepcopy(yolox).cuda()
-    stock, fused, _ = pair(cls, model, update_buffers=update_buffers,
-                           **kwargs)
+    stock, fused, _ = pair(cls, model, update_buffers=update_buffers, **kwargs)
     gen = torch.Generator().manual_seed(7)
     for _ in range(UPDATES):
         train_a_bit(model, gen)
@@ -255,8 +261,8 @@ def test_reduced_precision_keeps_the_stock_avg_func(yolox, dtype):
           f'{foreach_vs_per_tensor(dtype)} of {len(WEIGHTS)}')
     model = copy.deepcopy(yolox)
     model.bbox_head.to(dtype)  # a mixed model: float32 and reduced groups
-    stock, fused, summary = pair(exp_momentum_ema(), model, momentum=0.01,
-                                 gamma=2, update_buffers=True)
+    stock, fused, summary = pair(
+        exp_momentum_ema(), model, momentum=0.01, gamma=2, update_buffers=True)
     assert summary.endswith(
         '310 tensors in 1 multi-tensor update, 78 reduced-precision tensors '
         'one by one (stock avg_func)')
@@ -288,8 +294,7 @@ class Tied(nn.Module):
 def test_what_is_left_stock():
     small = Tied()
     custom = CustomEMA(small)
-    assert 'CustomEMA' in fuse_ema(custom) and 'left stock' in fuse_ema(
-        custom)
+    assert 'CustomEMA' in fuse_ema(custom) and 'left stock' in fuse_ema(custom)
     assert type(custom) is CustomEMA
     own = ExponentialMovingAverage(small)
     own.avg_func = lambda *args: None
@@ -343,8 +348,8 @@ def count_per_update(ema: nn.Module, model: nn.Module) -> Counter:
 def test_operations_per_update(yolox, case, update_buffers):
     cls, kwargs = resolve(case)
     model = copy.deepcopy(yolox)
-    stock, fused, summary = pair(cls, model, update_buffers=update_buffers,
-                                 **kwargs)
+    stock, fused, summary = pair(
+        cls, model, update_buffers=update_buffers, **kwargs)
     stock_ops = count_per_update(stock, model)
     fused_ops = count_per_update(fused, model)
     print(f'\n{summary}\nstock: {sum(stock_ops.values())} ops per update '

@@ -1,4 +1,5 @@
-"""Fused optimizer steps give stock's bytes (fast_parallel/step/fused_optim.py).
+"""Fused optimizer steps give stock's bytes
+(fast_parallel/step/fused_optim.py).
 
 Every test runs a stock and a fused optimizer side by side, from the same
 state with the same gradients, and compares parameters and every optimizer
@@ -25,7 +26,6 @@ from fast_parallel.step.fused_optim import (FusedAdam, FusedAdamW, FusedSGD,
 
 DEVICES = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
 YOLOX_PARAMWISE = dict(norm_decay_mult=0., bias_decay_mult=0.)
-
 
 # ------------------------------------------------------------- helpers ---
 
@@ -57,14 +57,16 @@ def _twins(model: nn.Module, cfg: dict, device: str = 'cpu'):
     return (stock_model, stock), (fused_model, fused), summary
 
 
-def _set_grads(models: List[nn.Module], step: int, skip_every: int = 0,
+def _set_grads(models: List[nn.Module],
+               step: int,
+               skip_every: int = 0,
                scale: float = 1.0) -> None:
     """The same random gradients on every model; every n-th one left None."""
     gen = torch.Generator().manual_seed(1000 + step)
     params = [list(m.parameters()) for m in models]
     for i, same in enumerate(zip(*params)):
-        grad = torch.randn(same[0].shape, generator=gen,
-                           dtype=same[0].dtype) * scale
+        grad = torch.randn(
+            same[0].shape, generator=gen, dtype=same[0].dtype) * scale
         for param in same:
             missing = skip_every and (i + step) % skip_every == 0
             param.grad = None if missing else grad.to(param.device).clone()
@@ -107,14 +109,21 @@ def _schedulers(wrapper, steps: int) -> list:
     """mmengine's LinearLR warm-up, then CosineAnnealingLR, per iteration."""
     warm = max(steps // 2, 1)
     return [
-        LinearLR(wrapper, start_factor=0.1, by_epoch=False, begin=0,
-                 end=warm),
-        CosineAnnealingLR(wrapper, T_max=steps - warm, by_epoch=False,
-                          begin=warm, end=steps, eta_min=1e-4),
+        LinearLR(wrapper, start_factor=0.1, by_epoch=False, begin=0, end=warm),
+        CosineAnnealingLR(
+            wrapper,
+            T_max=steps - warm,
+            by_epoch=False,
+            begin=warm,
+            end=steps,
+            eta_min=1e-4),
     ]
 
 
-def _run_twins(stock: Tuple, fused: Tuple, steps: int, skip_every: int = 3,
+def _run_twins(stock: Tuple,
+               fused: Tuple,
+               steps: int,
+               skip_every: int = 3,
                scale: float = 1.0) -> None:
     """Steps both with the same grads and schedulers; compares every step."""
     scheds = [_schedulers(stock[1], steps), _schedulers(fused[1], steps)]
@@ -130,22 +139,35 @@ def _run_twins(stock: Tuple, fused: Tuple, steps: int, skip_every: int = 3,
 
 
 def _sgd_cfg(foreach: Optional[bool], **kwargs) -> dict:
-    optimizer = dict(type='SGD', lr=0.01, momentum=0.9, weight_decay=5e-4,
-                     nesterov=True, foreach=foreach)
+    optimizer = dict(
+        type='SGD',
+        lr=0.01,
+        momentum=0.9,
+        weight_decay=5e-4,
+        nesterov=True,
+        foreach=foreach)
     optimizer.update(kwargs)
-    return dict(type='OptimWrapper', optimizer=optimizer,
-                paramwise_cfg=dict(YOLOX_PARAMWISE))
+    return dict(
+        type='OptimWrapper',
+        optimizer=optimizer,
+        paramwise_cfg=dict(YOLOX_PARAMWISE))
 
 
 def _adam_cfg(kind: str, foreach: Optional[bool], **kwargs) -> dict:
     """PointPillars' AdamW (mmdet3d::pointpillars) with YOLOX-like groups."""
-    optimizer = dict(type=kind, lr=0.001, betas=(0.95, 0.99),
-                     weight_decay=0.01, foreach=foreach)
+    optimizer = dict(
+        type=kind,
+        lr=0.001,
+        betas=(0.95, 0.99),
+        weight_decay=0.01,
+        foreach=foreach)
     optimizer.update(kwargs)
-    return dict(type='OptimWrapper', optimizer=optimizer,
-                clip_grad=dict(max_norm=35, norm_type=2),
-                paramwise_cfg=dict(YOLOX_PARAMWISE,
-                                   custom_keys={'head': dict(lr_mult=0.5)}))
+    return dict(
+        type='OptimWrapper',
+        optimizer=optimizer,
+        clip_grad=dict(max_norm=35, norm_type=2),
+        paramwise_cfg=dict(
+            YOLOX_PARAMWISE, custom_keys={'head': dict(lr_mult=0.5)}))
 
 
 @pytest.fixture(scope='module')
@@ -161,8 +183,8 @@ def yolox_model() -> nn.Module:
 @pytest.mark.parametrize('foreach', [False, True])
 def test_yolox_sgd_matches_stock_every_step(yolox_model, foreach):
     """YOLOX recipe: 240 groups, 2 calls a step, stock's bytes every step."""
-    stock, fused, summary = _twins(copy.deepcopy(yolox_model),
-                                   _sgd_cfg(foreach))
+    stock, fused, summary = _twins(
+        copy.deepcopy(yolox_model), _sgd_cfg(foreach))
     assert summary == 'optimizer: SGD 240 groups -> 2 fused steps'
     assert type(fused[1].optimizer) is FusedSGD
     assert isinstance(fused[1].optimizer, torch.optim.SGD)
@@ -243,11 +265,13 @@ def test_sgd_variants_match_stock(device, foreach, options):
 @pytest.mark.parametrize('foreach', [False, True])
 def test_adam_pointpillars_like_matches_stock(device, kind, options, foreach):
     """AdamW as in PointPillars (grad clipping included), and Adam."""
-    stock, fused, summary = _twins(SmallNet(), _adam_cfg(kind, foreach,
-                                                         **options), device)
+    stock, fused, summary = _twins(SmallNet(),
+                                   _adam_cfg(kind, foreach, **options), device)
     assert summary == f'optimizer: {kind} 10 groups -> 3 fused steps'
-    assert type(fused[1].optimizer) is {'Adam': FusedAdam,
-                                        'AdamW': FusedAdamW}[kind]
+    assert type(fused[1].optimizer) is {
+        'Adam': FusedAdam,
+        'AdamW': FusedAdamW
+    }[kind]
     # grads large enough that clip_grad (max_norm=35) does clip
     _run_twins(stock, fused, steps=6, scale=20.)
 
@@ -285,8 +309,9 @@ class _PathTrace(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         for position, arg in enumerate(args):
             for tensor in arg if isinstance(arg, (list, tuple)) else [arg]:
-                name = (self.names.get(tensor.data_ptr())
-                        if isinstance(tensor, torch.Tensor) else None)
+                name = (
+                    self.names.get(tensor.data_ptr()) if isinstance(
+                        tensor, torch.Tensor) else None)
                 if name is not None:
                     self.trace.setdefault(name, []).append(
                         (str(func), position))
@@ -318,20 +343,24 @@ def test_mixed_dtypes_devices_and_missing_grads(foreach):
     """
     torch.manual_seed(0)
     f32, f64 = torch.float32, torch.float64
-    spec = [((4, 3), f32), ((5,), f64), ((2, 6), f32), ((7,), f32),
-            ((2, 2), f64), ((3,), f32), ((6, 2), f64), ((2,), f64)]
+    spec = [((4, 3), f32), ((5, ), f64), ((2, 6), f32), ((7, ), f32),
+            ((2, 2), f64), ((3, ), f32), ((6, 2), f64), ((2, ), f64)]
     devices = ['cpu'] * len(spec)
     if torch.cuda.is_available():
         devices[3:5] = ['cuda', 'cuda']
-    params = [torch.randn(shape, dtype=dtype, device=device)
-              for (shape, dtype), device in zip(spec, devices)]
-    groups = [dict(params=params[0:3]), dict(params=params[3:5]),
-              dict(params=params[5:6], weight_decay=0.),
-              dict(params=params[6:8], weight_decay=0.)]
-    for make in (
-            lambda g: torch.optim.SGD(g, lr=0.1, momentum=0.9,
-                                      weight_decay=1e-2, foreach=foreach),
-            lambda g: torch.optim.AdamW(g, lr=0.1, foreach=foreach)):
+    params = [
+        torch.randn(shape, dtype=dtype, device=device)
+        for (shape, dtype), device in zip(spec, devices)
+    ]
+    groups = [
+        dict(params=params[0:3]),
+        dict(params=params[3:5]),
+        dict(params=params[5:6], weight_decay=0.),
+        dict(params=params[6:8], weight_decay=0.)
+    ]
+    for make in (lambda g: torch.optim.SGD(
+            g, lr=0.1, momentum=0.9, weight_decay=1e-2, foreach=foreach),
+                 lambda g: torch.optim.AdamW(g, lr=0.1, foreach=foreach)):
         stock_params = [p.clone() for p in params]
         fused_params = [p.clone() for p in params]
         stock = make(_regroup(groups, params, stock_params))
@@ -357,8 +386,10 @@ def test_mixed_dtypes_devices_and_missing_grads(foreach):
 def _regroup(groups: List[Dict], old: List, new: List) -> List[Dict]:
     """``groups`` with each of ``old`` params replaced by its ``new`` twin."""
     index = {id(p): i for i, p in enumerate(old)}
-    return [dict(g, params=[new[index[id(p)]] for p in g['params']])
-            for g in groups]
+    return [
+        dict(g, params=[new[index[id(p)]] for p in g['params']])
+        for g in groups
+    ]
 
 
 def test_non_contiguous_state_gets_its_own_call():
@@ -372,8 +403,8 @@ def test_non_contiguous_state_gets_its_own_call():
         weight = wrapper.optimizer.param_groups[0]['params'][0]
         state = wrapper.optimizer.state[weight]
         buf = state['momentum_buffer']
-        state['momentum_buffer'] = buf.transpose(0, 1).contiguous(
-        ).transpose(0, 1)
+        state['momentum_buffer'] = buf.transpose(0, 1).contiguous().transpose(
+            0, 1)
     for step in range(1, 4):
         _set_grads([stock[0], fused[0]], step)
         stock[1].step()
@@ -391,8 +422,8 @@ def test_checkpoints_move_between_stock_and_fused(cfg):
         stock[1].step()
         fused[1].step()
     reference = (copy.deepcopy(stock[0]), None)
-    reference = (reference[0], build_optim_wrapper(reference[0],
-                                                   copy.deepcopy(cfg)))
+    reference = (reference[0],
+                 build_optim_wrapper(reference[0], copy.deepcopy(cfg)))
     reference[1].load_state_dict(stock[1].state_dict())
     # swap: the stock model continues from the fused checkpoint, and back
     fused_ckpt = _through_bytes(fused[1].state_dict())
@@ -419,8 +450,9 @@ def _through_bytes(state_dict: dict) -> dict:
 def test_hooks_closure_pickle_and_unfuse():
     """Step hooks run once, the closure's loss returns, class restores."""
     net = SmallNet()
-    optimizer = torch.optim.SGD(
-        [dict(params=[p]) for p in net.parameters()], lr=0.1, momentum=0.9)
+    optimizer = torch.optim.SGD([dict(params=[p]) for p in net.parameters()],
+                                lr=0.1,
+                                momentum=0.9)
     calls = []
     optimizer.register_step_pre_hook(lambda *a: calls.append('pre'))
     optimizer.register_step_post_hook(lambda *a: calls.append('post'))
@@ -452,8 +484,8 @@ def test_left_stock_with_a_reason():
         (torch.optim.RMSprop(params), 'RMSprop left stock'),
         (torch.optim.SGD(params, lr=0.1, fused=True), 'fused=True'),
         (torch.optim.Adam(params, capturable=True), 'capturable=True'),
-        (torch.optim.AdamW(params, differentiable=True),
-         'differentiable=True'),
+        (torch.optim.AdamW(params,
+                           differentiable=True), 'differentiable=True'),
     ]
     for optimizer, reason in cases:
         stock_type = type(optimizer)
@@ -486,8 +518,10 @@ def test_fused_flag_set_later_runs_stock_step():
 def test_nothing_to_fuse_stays_stock(groups):
     """One group, or groups that all differ: the optimizer stays stock."""
     net = SmallNet()
-    params = [dict(params=[p], lr=0.01 * (i + 1) if groups == 2 else 0.01)
-              for i, p in enumerate(net.head.parameters())]
+    params = [
+        dict(params=[p], lr=0.01 * (i + 1) if groups == 2 else 0.01)
+        for i, p in enumerate(net.head.parameters())
+    ]
     if groups == 1:
         params = [dict(params=list(net.head.parameters()), lr=0.01)]
     optimizer = torch.optim.SGD(params, lr=0.01, momentum=0.9)
@@ -500,12 +534,14 @@ def test_nothing_to_fuse_stays_stock(groups):
 
 def test_optim_wrapper_dict():
     """Each optimizer of an OptimWrapperDict is fused; both match stock."""
+
     def build(net: SmallNet) -> OptimWrapperDict:
         return OptimWrapperDict(
-            backbone=build_optim_wrapper(nn.Sequential(net.stem, net.bn),
-                                         _sgd_cfg(True)),
-            head=build_optim_wrapper(nn.Sequential(net.dw, net.gn, net.head),
-                                     _adam_cfg('AdamW', True)))
+            backbone=build_optim_wrapper(
+                nn.Sequential(net.stem, net.bn), _sgd_cfg(True)),
+            head=build_optim_wrapper(
+                nn.Sequential(net.dw, net.gn, net.head),
+                _adam_cfg('AdamW', True)))
 
     net = SmallNet()
     twin = copy.deepcopy(net)

@@ -30,17 +30,19 @@ from fast_parallel.step.fused_optim import FusedSGD
 ITERS, SAVED = 4, 2
 
 
-def _config(sample_data: Path, work_dir: Path, fast: bool,
+def _config(sample_data: Path,
+            work_dir: Path,
+            fast: bool,
             resume_from: Optional[Path] = None):
     cfg = sample_config(CONFIGS['yolox'], sample_data, work_dir, fast)
     if not fast:
-        cfg.custom_hooks = list(cfg.custom_hooks) + [
-            dict(type='ExactResumeHook')]
+        cfg.custom_hooks = list(
+            cfg.custom_hooks) + [dict(type='ExactResumeHook')]
     cfg.train_dataloader.sampler = dict(type='InfiniteSampler', shuffle=True)
-    cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=ITERS,
-                         val_interval=ITERS + 1)
-    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', by_epoch=False,
-                                        interval=SAVED)
+    cfg.train_cfg = dict(
+        type='IterBasedTrainLoop', max_iters=ITERS, val_interval=ITERS + 1)
+    cfg.default_hooks.checkpoint = dict(
+        type='CheckpointHook', by_epoch=False, interval=SAVED)
     cfg.log_processor = dict(by_epoch=False, window_size=1)
     cfg.randomness = dict(seed=0, deterministic=True)
     if resume_from is not None:
@@ -57,24 +59,23 @@ def _train(cfg) -> Runner:
 def _end_state(work_dir: Path) -> Dict[str, torch.Tensor]:
     ckpt = torch.load(work_dir / f'iter_{ITERS}.pth')
     tensors = {f'model.{k}': v for k, v in ckpt['state_dict'].items()}
-    tensors.update(
-        {f'ema.{k}': v for k, v in ckpt['ema_state_dict'].items()})
+    tensors.update({f'ema.{k}': v for k, v in ckpt['ema_state_dict'].items()})
     for pid, state in ckpt['optimizer']['state'].items():
         tensors.update({f'optim.{pid}.{k}': v for k, v in state.items()})
-    tensors['param_groups'] = torch.tensor([
-        [g['lr'], g['momentum'], g['weight_decay']]
-        for g in ckpt['optimizer']['param_groups']
-    ], dtype=torch.float64)
+    tensors['param_groups'] = torch.tensor(
+        [[g['lr'], g['momentum'], g['weight_decay']]
+         for g in ckpt['optimizer']['param_groups']],
+        dtype=torch.float64)
     return tensors
 
 
-def _differing(a: Dict[str, torch.Tensor],
-               b: Dict[str, torch.Tensor]) -> list:
+def _differing(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> list:
     assert a.keys() == b.keys()
-    return [k for k in a
-            if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape
-            or not torch.equal(a[k].reshape(-1).view(torch.uint8),
-                               b[k].reshape(-1).view(torch.uint8))]
+    return [
+        k for k in a if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape
+        or not torch.equal(a[k].reshape(-1).view(torch.uint8), b[k].reshape(
+            -1).view(torch.uint8))
+    ]
 
 
 @pytest.fixture(scope='module')
@@ -87,15 +88,15 @@ def ends(sample_data, tmp_path_factory):
         out[name] = _end_state(root / name)
         if fast:  # the fast run did fuse both
             assert type(runner.optim_wrapper.optimizer) is FusedSGD
-            ema, = [h.ema_model for h in runner.hooks
-                    if hasattr(h, 'ema_model')]
+            ema, = [
+                h.ema_model for h in runner.hooks if hasattr(h, 'ema_model')
+            ]
             assert is_fused_ema(ema)
-    for name, src, fast in (('stock->fast', 'stock', True),
-                            ('fast->stock', 'fast', False)):
+    for name, src, fast in (('stock->fast', 'stock', True), ('fast->stock',
+                                                             'fast', False)):
         work_dir = root / name.replace('>', '')
         ckpt = root / src / f'iter_{SAVED}.pth'
-        runner = _train(
-            _config(sample_data, work_dir, fast, resume_from=ckpt))
+        runner = _train(_config(sample_data, work_dir, fast, resume_from=ckpt))
         # it went on from the checkpoint, not from the start
         assert not (work_dir / f'iter_{SAVED}.pth').exists()
         assert runner.iter == ITERS

@@ -13,17 +13,22 @@ from runner_utils import loss_history, sample_config
 from torch.utils.data import DataLoader
 
 from fast_parallel import FastDataParallel, PackedCollate
+from fast_parallel.data.loader import FastDataLoader
 from fast_parallel.step.foreach_ema import is_fused_ema
 from fast_parallel.step.fused_optim import FusedSGD
-from fast_parallel.data.loader import FastDataLoader
 
 # PointPillars' pipeline JIT-compiles numba code in every new process; one
 # process (num_workers=0) keeps the test short. YOLOX runs with 2 workers.
 OVERRIDES = {
-    'yolox': {'train_cfg.max_epochs': 1, 'train_cfg.val_interval': 1},
+    'yolox': {
+        'train_cfg.max_epochs': 1,
+        'train_cfg.val_interval': 1
+    },
     'pointpillars': {
-        'train_cfg.max_epochs': 1, 'train_cfg.val_interval': 1,
-        'train_dataloader.num_workers': 0, 'val_dataloader.num_workers': 0,
+        'train_cfg.max_epochs': 1,
+        'train_cfg.val_interval': 1,
+        'train_dataloader.num_workers': 0,
+        'val_dataloader.num_workers': 0,
         'test_dataloader.num_workers': 0,
     },
 }
@@ -49,11 +54,15 @@ def runs(sample_data, tmp_path_factory):
             runner.train()
             # runner.test() runs EMAHook.before_run again, which builds a
             # new averaged model: keep the one that trained
-            emas = [h.ema_model for h in runner.hooks
-                    if hasattr(h, 'ema_model')]
+            emas = [
+                h.ema_model for h in runner.hooks if hasattr(h, 'ema_model')
+            ]
             cache[kind, path] = dict(
-                runner=runner, work_dir=work_dir, losses=loss_history(runner),
-                emas=emas, test=runner.test())
+                runner=runner,
+                work_dir=work_dir,
+                losses=loss_history(runner),
+                emas=emas,
+                test=runner.test())
         return cache[kind, path]
 
     return get
@@ -125,8 +134,9 @@ def test_optimizer_and_ema_fused_with_stock_bytes(kind, name, ema, runs):
     fast_ema, = emas['fast']
     stock_ema, = emas['stock']
     assert is_fused_ema(fast_ema) and not is_fused_ema(stock_ema)
-    floats = [t for t in stock_ema.avg_parameters.values()
-              if t.is_floating_point()]  # not num_batches_tracked
+    floats = [
+        t for t in stock_ema.avg_parameters.values() if t.is_floating_point()
+    ]  # not num_batches_tracked
     assert f'EMA ({ema}): {len(floats)} tensors in 1 multi-tensor update' \
         in log
     assert_same_tensors(stock_ema.state_dict(), fast_ema.state_dict())
@@ -144,8 +154,13 @@ def test_checkpoints_move_between_stock_and_fast(src, dst, runs, sample_data,
     model = model.module if src == 'fast' else model
     assert list(state) == list(model.state_dict())  # no `module.` prefix
     second = Runner.from_cfg(
-        sample_config(CONFIGS[kind], sample_data, tmp_path, dst == 'fast',
-                      load_from=str(ckpt), **OVERRIDES[kind]))
+        sample_config(
+            CONFIGS[kind],
+            sample_data,
+            tmp_path,
+            dst == 'fast',
+            load_from=str(ckpt),
+            **OVERRIDES[kind]))
     metrics = second.test()  # loads `load_from` strictly, then tests
     loaded = second.model.module if dst == 'fast' else second.model
     assert_same_tensors(state, loaded.state_dict())
@@ -160,8 +175,8 @@ def test_accuracy_parity_hook_verdict_line_and_json(expected, verdict, runs):
     from fast_parallel import AccuracyParityHook
     trained = runs('yolox', 'fast')
     runner = trained['runner']
-    hook = AccuracyParityHook(expected={'coco/bbox_mAP': expected},
-                              tolerance=0.01, source='test')
+    hook = AccuracyParityHook(
+        expected={'coco/bbox_mAP': expected}, tolerance=0.01, source='test')
     runner.register_hook(hook)
     try:
         metrics = runner.val()  # a standalone validation is final
@@ -179,19 +194,26 @@ def test_accuracy_parity_hook_verdict_line_and_json(expected, verdict, runs):
 
 def test_accuracy_parity_hook_missing_metric_fails():
     from fast_parallel import AccuracyParityHook
-    hook = AccuracyParityHook({'a': 1.0, 'b': 2.0},
-                              tolerance={'a': 0.1, 'b': 0.0})
+    hook = AccuracyParityHook({
+        'a': 1.0,
+        'b': 2.0
+    },
+                              tolerance={
+                                  'a': 0.1,
+                                  'b': 0.0
+                              })
     report = hook.check({'a': 1.05})
     assert report['metrics']['a']['passed'] is True
     assert report['metrics']['b']['passed'] is False
     assert report['passed'] is False
 
 
-@pytest.mark.parametrize('kind,workers,fused', [
-    ('yolox', ('2 workers', '1 worker'), 'optimizer: SGD {groups} groups -> '
-     '2 fused steps; EMA (ExpMomentumEMA): '),
-    ('pointpillars', ('0 workers', '0 workers'),
-     'optimizer: AdamW 1 group, left stock (')])
+@pytest.mark.parametrize(
+    'kind,workers,fused',
+    [('yolox', ('2 workers', '1 worker'), 'optimizer: SGD {groups} groups -> '
+      '2 fused steps; EMA (ExpMomentumEMA): '),
+     ('pointpillars',
+      ('0 workers', '0 workers'), 'optimizer: AdamW 1 group, left stock (')])
 def test_one_line_says_the_fast_path_is_on(kind, workers, fused, runs):
     fast = runs(kind, 'fast')
     runner = fast['runner']
@@ -202,5 +224,5 @@ def test_one_line_says_the_fast_path_is_on(kind, workers, fused, runs):
     groups = len(runner.optim_wrapper.optimizer.param_groups)
     assert (f'FastParallelHook: on: wrapper FastDataParallel ({device}); '
             f'loaders: train packed ({workers[0]}, {pinned}), '
-            f'val packed ({workers[1]}, {pinned}); '
-            + fused.format(groups=groups)) in summary
+            f'val packed ({workers[1]}, {pinned}); ' +
+            fused.format(groups=groups)) in summary

@@ -31,8 +31,9 @@ PINNED = ('torch', 'mmcv', 'mmengine', 'mmdet', 'mmdet3d')
 
 def _requirements(name):
     lines = (ROOT / 'requirements' / f'{name}.txt').read_text().splitlines()
-    return [ln.strip() for ln in lines if ln.strip() and
-            not ln.startswith('#')]
+    return [
+        ln.strip() for ln in lines if ln.strip() and not ln.startswith('#')
+    ]
 
 
 def test_package_requirements_are_ranges():
@@ -69,8 +70,11 @@ print('unsatisfied:', bad)
 
 def _tracked_copy(dest: Path) -> Path:
     """The repository's tracked files (what a clone has) under ``dest``."""
-    files = subprocess.run(['git', 'ls-files'], cwd=ROOT, check=True,
-                           capture_output=True, text=True).stdout.split()
+    files = subprocess.run(['git', 'ls-files'],
+                           cwd=ROOT,
+                           check=True,
+                           capture_output=True,
+                           text=True).stdout.split()
     for rel in files:
         src = ROOT / rel
         if src.is_file():
@@ -97,19 +101,26 @@ def installed(tmp_path_factory) -> dict:
     python = venv / 'bin' / 'python'
     inner = subprocess.run(
         [str(python), '-c', 'import site; print(site.getsitepackages()[0])'],
-        check=True, capture_output=True, text=True).stdout.strip()
+        check=True,
+        capture_output=True,
+        text=True).stdout.strip()
     # the user's environment: every package of this one, visible there
     Path(inner, 'user_env.pth').write_text(site.getsitepackages()[0] + '\n')
     src = _tracked_copy(tmp_path / 'clone')
-    done = subprocess.run(
-        [str(python), '-m', 'pip', 'install', '--no-index', '--no-deps',
-         '--no-build-isolation', '--no-cache-dir',
-         '--disable-pip-version-check', str(src)],
-        capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    done = subprocess.run([
+        str(python), '-m', 'pip', 'install', '--no-index', '--no-deps',
+        '--no-build-isolation', '--no-cache-dir',
+        '--disable-pip-version-check',
+        str(src)
+    ],
+                          capture_output=True,
+                          text=True,
+                          cwd=tmp_path,
+                          timeout=600)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
-    return dict(tmp_path=tmp_path, python=python, inner=inner, src=src,
-                out=out)
+    return dict(
+        tmp_path=tmp_path, python=python, inner=inner, src=src, out=out)
 
 
 @needs_git
@@ -117,24 +128,30 @@ def test_pip_install_replaces_nothing(installed):
     import mmcv
     import mmengine
     import torch
-    tmp_path, python, inner, out = (installed[k] for k in (
-        'tmp_path', 'python', 'inner', 'out'))
+    tmp_path, python, inner, out = (
+        installed[k] for k in ('tmp_path', 'python', 'inner', 'out'))
     installed = re.search(r'Successfully installed (.*)', out)
-    assert installed and [n.replace('-', '_') for n in installed.group(
-        1).split()] == ['fast_parallel_0.1.0'], out[-3000:]
+    assert installed and [
+        n.replace('-', '_') for n in installed.group(1).split()
+    ] == ['fast_parallel_0.1.0'], out[-3000:]
     assert 'Successfully uninstalled' not in out, out[-3000:]
-    check = subprocess.run(
-        [str(python), '-c', UNSATISFIED +
-         'import fast_parallel, torch, mmcv, mmcv.ops, mmengine; '
-         'print(fast_parallel.__file__); '
-         'print(torch.__version__, mmcv.__version__, mmengine.__version__)'],
-        capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    check = subprocess.run([
+        str(python), '-c',
+        UNSATISFIED + 'import fast_parallel, torch, mmcv, mmcv.ops, mmengine; '
+        'print(fast_parallel.__file__); '
+        'print(torch.__version__, mmcv.__version__, mmengine.__version__)'
+    ],
+                           capture_output=True,
+                           text=True,
+                           cwd=tmp_path,
+                           timeout=300)
     assert check.returncode == 0, check.stderr[-3000:]
     unsatisfied, where, versions = check.stdout.split('\n')[:3]
     assert unsatisfied == 'unsatisfied: []'
     assert where.startswith(inner)  # the installed copy, not the repo's
-    assert versions.split() == [torch.__version__, mmcv.__version__,
-                                mmengine.__version__]
+    assert versions.split() == [
+        torch.__version__, mmcv.__version__, mmengine.__version__
+    ]
 
 
 #: ``sitecustomize`` for the tool runs below: at exit, each process that
@@ -154,24 +171,35 @@ def test_tools_run_the_installed_package(installed):
     fast_parallel, not the clone's: neither ``sys.path`` nor ``PYTHONPATH``
     puts the clone first."""
     from test_distributed import free_port
-    tmp_path, python, inner, src = (installed[k] for k in (
-        'tmp_path', 'python', 'inner', 'src'))
+    tmp_path, python, inner, src = (
+        installed[k] for k in ('tmp_path', 'python', 'inner', 'src'))
     hook = tmp_path / 'where'
     hook.mkdir(exist_ok=True)
     (hook / 'sitecustomize.py').write_text(WHERE)
-    env = dict(os.environ, PYTHONPATH=str(hook), PYTHON=str(python),
-               OMP_NUM_THREADS='1')
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(hook),
+        PYTHON=str(python),
+        OMP_NUM_THREADS='1')
     config = str(src / 'configs/yolox/yolox_tiny_fast_sample.py')
     tools = src / 'tools'
     runs = [[str(python), str(tools / f'{name}.py'), '--help']
             for name in ('train', 'test', 'parity', 'benchmark', 'demo')]
-    runs += [['bash', str(tools / 'dist_train.sh'), config, '1', '--help'],
-             ['bash', str(tools / 'dist_test.sh'), config, 'x.pth', '1',
-              '--help']]
+    runs += [['bash',
+              str(tools / 'dist_train.sh'), config, '1', '--help'],
+             [
+                 'bash',
+                 str(tools / 'dist_test.sh'), config, 'x.pth', '1', '--help'
+             ]]
     for argv in runs:
         env['PORT'] = str(free_port())
-        done = subprocess.run(argv, cwd=tmp_path, env=env, timeout=300,
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            argv,
+            cwd=tmp_path,
+            env=env,
+            timeout=300,
+            capture_output=True,
+            text=True)
         assert done.returncode == 0, done.stderr[-3000:]
         assert 'usage:' in done.stdout, argv
         where = re.findall(r'fast_parallel from: (.*)', done.stderr)

@@ -48,20 +48,34 @@ def rotated_box_cases(seed: int = 0) -> tuple:
     rng = np.random.default_rng(seed)
     n = 24
     rand = np.concatenate([
-        rng.uniform(-10, 10, (n, 1)), rng.uniform(0, 40, (n, 1)),
-        rng.uniform(0.3, 5.0, (n, 2)), rng.uniform(-math.pi, math.pi, (n, 1))
-    ], axis=1)
+        rng.uniform(-10, 10, (n, 1)),
+        rng.uniform(0, 40, (n, 1)),
+        rng.uniform(0.3, 5.0, (n, 2)),
+        rng.uniform(-math.pi, math.pi, (n, 1))
+    ],
+                          axis=1)
     near = rand[:12].copy()
     near[:, :2] += rng.normal(0, 0.3, (12, 2))
     near[:, 4] += rng.normal(0, 0.2, 12)
     special = np.array([
-        [0, 0, 2, 1, 0], [0, 0, 2, 1, 0.3], [0, 0, 1, 2, 0],
-        [0, 0, 2, 1, math.pi / 2], [0, 0, 0.5, 0.25, 0.1],
-        [0, 0, 10, 10, 0.7], [2, 0, 2, 1, 0], [0, 1, 2, 1, 0],
-        [2, 1, 2, 1, 0], [1, 0, 1e-6, 1, 0], [0, 0, 0, 0, 0],
-        [0, 0, 0, 1, 0.2], [100, 100, 1, 1, 0], [0.5, 0.5, 1, 1, math.pi / 4],
-        [30.5, 12.25, 3.9, 1.6, 1.57], [30.5, 12.25, 3.9, 1.6, -1.57],
-        [30.5, 12.25, 1.6, 3.9, 0.0], [30.5, 12.26, 3.9, 1.6, 1.5708],
+        [0, 0, 2, 1, 0],
+        [0, 0, 2, 1, 0.3],
+        [0, 0, 1, 2, 0],
+        [0, 0, 2, 1, math.pi / 2],
+        [0, 0, 0.5, 0.25, 0.1],
+        [0, 0, 10, 10, 0.7],
+        [2, 0, 2, 1, 0],
+        [0, 1, 2, 1, 0],
+        [2, 1, 2, 1, 0],
+        [1, 0, 1e-6, 1, 0],
+        [0, 0, 0, 0, 0],
+        [0, 0, 0, 1, 0.2],
+        [100, 100, 1, 1, 0],
+        [0.5, 0.5, 1, 1, math.pi / 4],
+        [30.5, 12.25, 3.9, 1.6, 1.57],
+        [30.5, 12.25, 3.9, 1.6, -1.57],
+        [30.5, 12.25, 1.6, 3.9, 0.0],
+        [30.5, 12.26, 3.9, 1.6, 1.5708],
     ])
     boxes = np.concatenate([rand, special]).astype(np.float32)
     query = np.concatenate([near, rand[12:20], special]).astype(np.float32)
@@ -94,18 +108,25 @@ def jittered_predictions(ann_file: Path, seed: int = 0) -> List[dict]:
         labels = np.array([x['bbox_label'] for x in info['instances']])
         keep = rng.uniform(size=n) > 0.15
         false = np.stack([
-            rng.uniform(10, 40, 3), rng.uniform(-15, 15, 3),
-            np.full(3, -1.73), rng.uniform(3.6, 4.2, 3),
-            rng.uniform(1.5, 1.8, 3), rng.uniform(1.4, 1.6, 3),
+            rng.uniform(10, 40, 3),
+            rng.uniform(-15, 15, 3),
+            np.full(3, -1.73),
+            rng.uniform(3.6, 4.2, 3),
+            rng.uniform(1.5, 1.8, 3),
+            rng.uniform(1.4, 1.6, 3),
             rng.uniform(-math.pi, math.pi, 3)
-        ], axis=1)
-        preds.append(dict(
-            bboxes=np.concatenate([lidar[keep], false]).astype(np.float32),
-            scores=np.concatenate([rng.uniform(0.4, 1.0, keep.sum()),
-                                   rng.uniform(0.1, 0.7, 3)]).astype(
-                                       np.float32),
-            labels=np.concatenate([labels[keep],
-                                   np.full(3, CLASSES.index('Car'))])))
+        ],
+                         axis=1)
+        preds.append(
+            dict(
+                bboxes=np.concatenate([lidar[keep], false]).astype(np.float32),
+                scores=np.concatenate([
+                    rng.uniform(0.4, 1.0, keep.sum()),
+                    rng.uniform(0.1, 0.7, 3)
+                ]).astype(np.float32),
+                labels=np.concatenate(
+                    [labels[keep],
+                     np.full(3, CLASSES.index('Car'))])))
     return preds
 
 
@@ -139,6 +160,7 @@ def simulator_main(inputs: str, outputs: str) -> None:
     import warnings
 
     from mmdet3d.evaluation.functional.kitti_utils import rotate_iou
+
     # The degenerate boxes divide by zero. The first NumPy warning adds
     # ``__warningregistry__`` to the kernel module's globals while other
     # simulated threads iterate them (numba's ``swapped_cuda_module``):
@@ -150,8 +172,10 @@ def simulator_main(inputs: str, outputs: str) -> None:
     from mmdet3d.evaluation.metrics import KittiMetric
     with open(inputs, 'rb') as f:
         case = pickle.load(f)
-    iou = {c: rotate_iou.rotate_iou_gpu_eval(case['boxes'], case['query'], c)
-           for c in CRITERIA}
+    iou = {
+        c: rotate_iou.rotate_iou_gpu_eval(case['boxes'], case['query'], c)
+        for c in CRITERIA
+    }
     ap = evaluate(KittiMetric(ann_file=case['ann_file']), case['preds'])
     with open(outputs, 'wb') as f:
         pickle.dump(dict(iou=iou, ap=ap), f)
@@ -168,8 +192,11 @@ def case(val_ann_file) -> dict:
     # Above 8 vertices the kernel overflows its local array (the simulator
     # raises IndexError): keep such pairs out of the reference run.
     assert _vertex_counts(boxes, query).max() <= 8
-    return dict(boxes=boxes, query=query, ann_file=str(val_ann_file),
-                preds=jittered_predictions(val_ann_file))
+    return dict(
+        boxes=boxes,
+        query=query,
+        ann_file=str(val_ann_file),
+        preds=jittered_predictions(val_ann_file))
 
 
 class SimulatorRun:
@@ -189,10 +216,14 @@ class SimulatorRun:
             pickle.dump(case, f)
         env = dict(os.environ, NUMBA_ENABLE_CUDASIM='1')
         with open(self.log, 'w') as log:
-            self.child = subprocess.Popen(
-                [sys.executable, '-c', CHILD, __file__,
-                 str(inputs), str(self.outputs)], env=env, stdout=log,
-                stderr=subprocess.STDOUT)
+            self.child = subprocess.Popen([
+                sys.executable, '-c', CHILD, __file__,
+                str(inputs),
+                str(self.outputs)
+            ],
+                                          env=env,
+                                          stdout=log,
+                                          stderr=subprocess.STDOUT)
         self.result = None
 
     def get(self) -> dict:
@@ -267,8 +298,7 @@ def test_rotate_iou_edge_cases():
 
 
 def test_use_cpu_rotate_iou_is_scoped(monkeypatch):
-    from mmdet3d.evaluation.functional.kitti_utils.eval import \
-        bev_box_overlap
+    from mmdet3d.evaluation.functional.kitti_utils.eval import bev_box_overlap
     boxes, query = rotated_box_cases()
     missing = object()
     before = sys.modules.get(ROTATE_IOU_MODULE, missing)
@@ -290,10 +320,11 @@ def test_use_cpu_rotate_iou_is_scoped(monkeypatch):
 def test_registry_and_selection(val_ann_file):
     from mmdet3d.registry import METRICS
     from mmengine.registry import DefaultScope
+
     # other tests leave another default scope behind (e.g. mmdet's)
     with DefaultScope.overwrite_default_scope('mmdet3d'):
-        metric = METRICS.build(dict(type='KittiMetricCPU',
-                                    ann_file=str(val_ann_file)))
+        metric = METRICS.build(
+            dict(type='KittiMetricCPU', ann_file=str(val_ann_file)))
     assert isinstance(metric, KittiMetricCPU) and metric.rotate_iou == 'auto'
     with pytest.raises(ValueError, match='rotate_iou'):
         KittiMetricCPU(ann_file=str(val_ann_file), rotate_iou='gpu')

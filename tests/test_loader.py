@@ -1,4 +1,5 @@
-"""fast_parallel/data/loader.py: torch's DataLoader minus the per-batch label."""
+"""fast_parallel/data/loader.py: torch's DataLoader minus the per-batch
+label."""
 import pytest
 import torch
 from helpers import assert_same_tree
@@ -28,8 +29,13 @@ class Stream(IterableDataset):
 
 def batches(cls, workers, collate_fn=None, **kwargs):
     torch.manual_seed(7)
-    loader = cls(Draws(), batch_size=3, shuffle=True, num_workers=workers,
-                 collate_fn=collate_fn, **kwargs)
+    loader = cls(
+        Draws(),
+        batch_size=3,
+        shuffle=True,
+        num_workers=workers,
+        collate_fn=collate_fn,
+        **kwargs)
     return [b.unpack() if isinstance(b, PackedBatch) else b for b in loader]
 
 
@@ -39,18 +45,27 @@ def test_same_batches_as_torch(workers):
     fast = batches(FastDataLoader, workers)
     assert len(stock) == 4
     assert_same_tree(fast, stock)
-    assert_same_tree(batches(FastDataLoader, workers, packed_collate),
-                     batches(DataLoader, workers, pseudo_collate))
+    assert_same_tree(
+        batches(FastDataLoader, workers, packed_collate),
+        batches(DataLoader, workers, pseudo_collate))
 
 
 def test_persistent_workers_epochs_match():
     torch.manual_seed(3)
-    stock = DataLoader(Draws(), batch_size=4, shuffle=True, num_workers=2,
-                       persistent_workers=True)
+    stock = DataLoader(
+        Draws(),
+        batch_size=4,
+        shuffle=True,
+        num_workers=2,
+        persistent_workers=True)
     epochs_stock = [list(stock) for _ in range(2)]
     torch.manual_seed(3)
-    fast = FastDataLoader(Draws(), batch_size=4, shuffle=True, num_workers=2,
-                          persistent_workers=True)
+    fast = FastDataLoader(
+        Draws(),
+        batch_size=4,
+        shuffle=True,
+        num_workers=2,
+        persistent_workers=True)
     epochs_fast = [list(fast) for _ in range(2)]
     assert_same_tree(epochs_fast, epochs_stock)
     assert type(fast._iterator).__module__ == 'fast_parallel.data.loader'
@@ -59,8 +74,8 @@ def test_persistent_workers_epochs_match():
 @pytest.mark.parametrize('workers', [0, 2])
 def test_profiler_still_sees_the_label(workers):
     loader = FastDataLoader(Draws(), batch_size=4, num_workers=workers)
-    with torch.profiler.profile(activities=[
-            torch.profiler.ProfilerActivity.CPU]) as prof:
+    with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         assert len(list(loader)) == 3
     names = [e.name for e in prof.events()]
     assert sum(n.startswith('enumerate(DataLoader)#') for n in names) >= 3

@@ -1,4 +1,5 @@
-"""fast_parallel.bench.opcount: what is counted, and the phases of an iteration."""
+"""fast_parallel.bench.opcount: what is counted, and the phases of an
+iteration."""
 import torch
 from torch import nn
 

@@ -38,7 +38,9 @@ class CopyCounter(Hook):
         self.stock: List[int] = []
         self.fast: List[int] = []
 
-    def before_train_iter(self, runner, batch_idx: int,
+    def before_train_iter(self,
+                          runner,
+                          batch_idx: int,
                           data_batch=None) -> None:
         if isinstance(data_batch, PackedBatch):
             self.fast.append(data_batch.num_copies)
@@ -56,24 +58,33 @@ def train_with_collate(files, work_dir, case: str, loop: str, workers: int,
     """``order_utils.train(..., fast=True)`` with the loader's
     ``collate_fn`` set in its config."""
     spec = CASES[case]
-    loader = dict(dataset=spec['dataset'](files), sampler=spec['sampler'],
-                  batch_size=2, num_workers=workers,
-                  persistent_workers=workers > 0, collate_fn=collate)
+    loader = dict(
+        dataset=spec['dataset'](files),
+        sampler=spec['sampler'],
+        batch_size=2,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        collate_fn=collate)
     if 'batch_sampler' in spec:
         loader['batch_sampler'] = spec['batch_sampler']
     train_cfg = dict(type='IterBasedTrainLoop', max_iters=ITERS) \
         if loop == 'iter' else dict(type='EpochBasedTrainLoop', max_epochs=2)
     recorder, copies = BatchRecorder(), CopyCounter()
     runner = Runner(
-        model=OneParameter(), work_dir=str(work_dir),
+        model=OneParameter(),
+        work_dir=str(work_dir),
         experiment_name=f'packed_{uuid.uuid4().hex}',
-        train_dataloader=loader, train_cfg=train_cfg,
+        train_dataloader=loader,
+        train_cfg=train_cfg,
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
-        default_hooks=dict(checkpoint=None,
-                           logger=dict(type='LoggerHook', interval=1000)),
-        custom_hooks=[dict(type='FastParallelHook'),
-                      dict(type='ExactResumeHook'), recorder, copies],
-        randomness=dict(seed=7), default_scope='mmdet')
+        default_hooks=dict(
+            checkpoint=None, logger=dict(type='LoggerHook', interval=1000)),
+        custom_hooks=[
+            dict(type='FastParallelHook'),
+            dict(type='ExactResumeHook'), recorder, copies
+        ],
+        randomness=dict(seed=7),
+        default_scope='mmdet')
     runner.train()
     train_loop = runner.train_loop
     for holder, attr in started_iterators(train_loop, train_loop.dataloader):
@@ -81,12 +92,15 @@ def train_with_collate(files, work_dir, case: str, loop: str, workers: int,
         if hasattr(it, '_shutdown_workers'):
             it._shutdown_workers()
     log = ''.join(p.read_text() for p in work_dir.glob('*/*.log'))
-    return dict(recorder=recorder, copies=copies, log=log,
-                collate_fn=train_loop.dataloader.collate_fn)
+    return dict(
+        recorder=recorder,
+        copies=copies,
+        log=log,
+        collate_fn=train_loop.dataloader.collate_fn)
 
 
-def test_stock_sampler_loop_gets_packed_batches_from_its_config(ann_files,
-                                                                tmp_path):
+def test_stock_sampler_loop_gets_packed_batches_from_its_config(
+        ann_files, tmp_path):
     case = 'GroupMultiSourceSampler'
     stock = train(ann_files, tmp_path / 'stock', case, 'iter', 2, False)
     # FastParallelHook alone: stock path, and the warning says the line
@@ -97,8 +111,7 @@ def test_stock_sampler_loop_gets_packed_batches_from_its_config(ann_files,
                   for p in (tmp_path / 'fallback').glob('*/*.log'))
     assert 'stays on the stock data path' in log
     assert ("set the packed collate in its config from the start: "
-            "`train_dataloader.collate_fn=dict(type='packed_collate')`"
-            ) in log
+            "`train_dataloader.collate_fn=dict(type='packed_collate')`") in log
     # with that line: stock's sampler, every batch packed, stock's batches
     fast = train_with_collate(ann_files, tmp_path / 'fast', case, 'iter', 2,
                               PACKED)
@@ -133,11 +146,12 @@ def test_config_packed_collate_in_an_epoch_loop_reports_worker_states(
 
 
 def test_packed_collate_inner_packs_another_collate():
-    collate = build_collate(dict(type='packed_collate',
-                                 inner=dict(type='default_collate')))
+    collate = build_collate(
+        dict(type='packed_collate', inner=dict(type='default_collate')))
     assert is_packed_collate(collate)
-    samples = [dict(x=torch.arange(3.) + i, y=torch.tensor(i))
-               for i in range(4)]
+    samples = [
+        dict(x=torch.arange(3.) + i, y=torch.tensor(i)) for i in range(4)
+    ]
     got = collate(samples).unpack()
     want = default_collate(samples)
     assert list(got) == list(want)

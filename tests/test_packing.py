@@ -1,4 +1,5 @@
-"""fast_parallel/data/packing.py: pack / PackedBatch on real and random batches."""
+"""fast_parallel/data/packing.py: pack / PackedBatch on real and random
+batches."""
 import pickle
 from collections import OrderedDict, namedtuple
 
@@ -42,13 +43,18 @@ def test_empty_and_tensorless_trees():
         assert packed.num_copies == 0 and packed.nbytes == 0
 
 
-ALL_DTYPES = [torch.uint8, torch.bool, torch.float16, torch.bfloat16,
-              torch.float32, torch.float64, torch.int32, torch.int64]
+ALL_DTYPES = [
+    torch.uint8, torch.bool, torch.float16, torch.bfloat16, torch.float32,
+    torch.float64, torch.int32, torch.int64
+]
 
 
 def test_every_dtype_one_buffer_each_aligned():
-    tree = {str(dt): [torch.arange(7).to(dt), torch.ones(3, 5).to(dt)]
-            for dt in ALL_DTYPES}
+    tree = {
+        str(dt): [torch.arange(7).to(dt),
+                  torch.ones(3, 5).to(dt)]
+        for dt in ALL_DTYPES
+    }
     packed = check_roundtrip(tree)
     assert set(packed.buffers) == set(ALL_DTYPES)
     assert packed.num_copies == len(ALL_DTYPES)
@@ -88,8 +94,9 @@ Pair = namedtuple('Pair', 'left right')
 
 
 def test_container_types_kept_and_cast_like_stock():
-    tree = OrderedDict(pair=Pair(torch.ones(2), torch.zeros(3)),
-                       seq=(torch.ones(1), [torch.ones(2)]))
+    tree = OrderedDict(
+        pair=Pair(torch.ones(2), torch.zeros(3)),
+        seq=(torch.ones(1), [torch.ones(2)]))
     packed = check_roundtrip(tree)
     assert type(packed.unpack()) is OrderedDict
     # stock cast_data turns every Mapping into a plain dict
@@ -170,8 +177,8 @@ def test_failing_adapter_names_sample_and_field():
     register_tensor_holder(Broken)
     elem = BaseDataElement()
     elem.boxes = Broken()
-    with pytest.raises(PackingError,
-                       match=r'sample 2, field data_samples\[2\]\.boxes'):
+    with pytest.raises(
+            PackingError, match=r'sample 2, field data_samples\[2\]\.boxes'):
         pack({'data_samples': [BaseDataElement(), BaseDataElement(), elem]})
 
 
@@ -200,26 +207,42 @@ def test_worker_states_travel_with_the_batch():
 # Each leaf kind as a function of ``rand(*shape)``; stock keeps every one of
 # them as it is on its own device (``Tensor.to`` returns the tensor itself).
 LEAVES = {
-    'contiguous': lambda rand: rand(3, 4),
-    'offset_slice': lambda rand: rand(6, 4)[2:5],
-    'channels_last': lambda rand: rand(2, 3, 5, 4).contiguous(
-        memory_format=torch.channels_last),
+    'contiguous':
+    lambda rand: rand(3, 4),
+    'offset_slice':
+    lambda rand: rand(6, 4)[2:5],
+    'channels_last':
+    lambda rand: rand(2, 3, 5, 4).contiguous(memory_format=torch.channels_last
+                                             ),
     # mmdet's PackTrackInputs: uint8 frames, channels-last
-    'channels_last_uint8': lambda rand: (rand(2, 3, 6, 5) * 255).to(
-        torch.uint8).contiguous(memory_format=torch.channels_last),
-    'channels_last_3d': lambda rand: rand(2, 3, 4, 5, 2).contiguous(
-        memory_format=torch.channels_last_3d),
-    'transposed': lambda rand: rand(4, 6).t(),
-    'permuted': lambda rand: rand(2, 3, 4).permute(2, 0, 1),
-    'gapped_slice': lambda rand: rand(3, 8, 5)[:, 1::2],
-    'expanded': lambda rand: rand(3).expand(4, 3),
-    'zeros_expanded': lambda rand: torch.zeros_like(rand(3)).expand(4, 3),
-    'zero_stride': lambda rand: rand(3, 1, 2).expand(3, 4, 2),
-    'overlapping': lambda rand: rand(10).as_strided((4, 3), (2, 1)),
-    'grad_expanded': lambda rand: rand(3).requires_grad_().expand(2, 3),
-    'scalar': lambda rand: rand(),
-    'empty': lambda rand: rand(0, 4),
-    'empty_expanded': lambda rand: rand(0, 1).expand(0, 4),
+    'channels_last_uint8':
+    lambda rand: (rand(2, 3, 6, 5) * 255).to(torch.uint8).contiguous(
+        memory_format=torch.channels_last),
+    'channels_last_3d':
+    lambda rand: rand(2, 3, 4, 5, 2).contiguous(memory_format=torch.
+                                                channels_last_3d),
+    'transposed':
+    lambda rand: rand(4, 6).t(),
+    'permuted':
+    lambda rand: rand(2, 3, 4).permute(2, 0, 1),
+    'gapped_slice':
+    lambda rand: rand(3, 8, 5)[:, 1::2],
+    'expanded':
+    lambda rand: rand(3).expand(4, 3),
+    'zeros_expanded':
+    lambda rand: torch.zeros_like(rand(3)).expand(4, 3),
+    'zero_stride':
+    lambda rand: rand(3, 1, 2).expand(3, 4, 2),
+    'overlapping':
+    lambda rand: rand(10).as_strided((4, 3), (2, 1)),
+    'grad_expanded':
+    lambda rand: rand(3).requires_grad_().expand(2, 3),
+    'scalar':
+    lambda rand: rand(),
+    'empty':
+    lambda rand: rand(0, 4),
+    'empty_expanded':
+    lambda rand: rand(0, 1).expand(0, 4),
 }
 # What stock's ``Tensor.to(other_device)`` makes of the leaves that are not
 # non-overlapping and dense: fresh dense strides. Every other kind keeps its
@@ -253,9 +276,12 @@ def strided_tree(kind, device=CPU):
     if leaf.dim():
         sample.gt_instances = InstanceData(bboxes=leaf)
     return {
-        'inputs': [make_leaf(kind, device), torch.ones(2, device=device)],
+        'inputs': [make_leaf(kind, device),
+                   torch.ones(2, device=device)],
         'data_samples': [sample],
-        'extra': {'pair': (make_leaf(kind, device), 7)},
+        'extra': {
+            'pair': (make_leaf(kind, device), 7)
+        },
     }
 
 
@@ -283,7 +309,8 @@ def test_leaf_keeps_its_strides_where_it_was_packed(kind):
     assert tensor_layouts(out) == tensor_layouts(tree)
     assert tensor_layouts(moved) == tensor_layouts(cast(tree))
     # still one buffer, hence one copy, per dtype; every span 64-byte aligned
-    assert packed.num_copies == len({t.dtype for t in leaves_of(tree)}
+    assert packed.num_copies == len({t.dtype
+                                     for t in leaves_of(tree)}
                                     | {torch.float32})
     for dtype, offset, *_ in packed.layout:
         itemsize = packed.buffers[dtype].element_size()
@@ -320,8 +347,9 @@ def test_buffers_hold_the_storage_each_view_touches():
     # an expanded view: only the underlying elements
     assert buffer_len(torch.arange(3.).expand(1000, 3)) == floats
     # a dense view, whatever its memory format: exactly its elements
-    assert buffer_len(torch.rand(2, 4, 4, 4).contiguous(
-        memory_format=torch.channels_last)) == 128
+    assert buffer_len(
+        torch.rand(2, 4, 4,
+                   4).contiguous(memory_format=torch.channels_last)) == 128
     # a slice with gaps: its first to its last element, gaps included
     span = 1 + 2 * 40 + 3 * 10 + 4 * 1  # (3, 4, 5) over strides (40, 10, 1)
     assert buffer_len(torch.rand(3, 8, 5)[:, 1::2]) == -(-span // floats) * \
@@ -332,8 +360,7 @@ def test_buffers_hold_the_storage_each_view_touches():
 def test_channels_last_leaf_gives_a_bit_identical_conv():
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-    x = torch.randn(2, 3, 16, 16).contiguous(
-        memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 16, 16).contiguous(memory_format=torch.channels_last)
     packed = pack({'inputs': [x]})
     with torch.no_grad():
         want = conv(x)
@@ -376,8 +403,8 @@ def tensors(draw):
     shape = draw(st.lists(st.integers(0, 4), min_size=0, max_size=3))
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     t = (torch.rand(shape, generator=gen) * 100).to(dtype)
-    kind = draw(st.sampled_from(['plain', 'transposed', 'sliced',
-                                 'expanded', 'grad']))
+    kind = draw(
+        st.sampled_from(['plain', 'transposed', 'sliced', 'expanded', 'grad']))
     if kind == 'transposed' and t.dim() >= 2:
         t = t.transpose(0, 1)
     elif kind == 'sliced' and t.dim() >= 1:
@@ -401,13 +428,17 @@ def elements(children):
         elem = BaseDataElement(metainfo=draw(metas))
         n = draw(st.integers(0, 3))
         inst = InstanceData()
-        for name in draw(st.lists(st.sampled_from(['bboxes', 'labels']),
-                                  unique=True, max_size=2)):
+        for name in draw(
+                st.lists(
+                    st.sampled_from(['bboxes', 'labels']),
+                    unique=True,
+                    max_size=2)):
             inst[name] = torch.rand(n, 4) if name == 'bboxes' else \
                 torch.arange(n)
         elem.gt_instances = inst
-        fields = draw(st.dictionaries(
-            st.sampled_from(['x', 'y', 'z']), children, max_size=2))
+        fields = draw(
+            st.dictionaries(
+                st.sampled_from(['x', 'y', 'z']), children, max_size=2))
         for name, value in fields.items():
             elem.set_field(value, name)
         return elem
@@ -421,16 +452,17 @@ def trees():
     return st.recursive(
         leaves,
         lambda children: st.one_of(
-            st.lists(children, max_size=4),
-            st.tuples(children, children),
-            st.dictionaries(st.text(min_size=1, max_size=3), children,
-                            max_size=4),
+            st.lists(children, max_size=4), st.tuples(children, children),
+            st.dictionaries(
+                st.text(min_size=1, max_size=3), children, max_size=4),
             elements(children)),
         max_leaves=12)
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
 @given(trees())
 def test_property_pack_unpack_equals_input_and_cast_data(tree):
     packed = check_roundtrip(tree)

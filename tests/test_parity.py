@@ -25,16 +25,18 @@ parity = load_tool('parity')
 
 #: mmdet's RetinaNet R-18: iteration loop under parity.py, the train
 #: DataLoader with ``AspectRatioBatchSampler``, batch 2, 2 workers.
-RETINANET_R18 = osp.join(get_installed_path('mmdet'), '.mim', 'configs',
-                         'retinanet', 'retinanet_r18_fpn_1x_coco.py')
+RETINANET_R18 = osp.join(
+    get_installed_path('mmdet'), '.mim', 'configs', 'retinanet',
+    'retinanet_r18_fpn_1x_coco.py')
 ORDER_IMAGES = 16  # 8 batches of 2 per epoch; 2 workers x prefetch 2 = 4
 
 
 def parity_options(kind, root):
     options = data_options(kind, root)
     if kind == 'pointpillars':  # numba JIT-compiles in each new process
-        options += ['train_dataloader.num_workers=0',
-                    'val_dataloader.num_workers=0']
+        options += [
+            'train_dataloader.num_workers=0', 'val_dataloader.num_workers=0'
+        ]
     return options
 
 
@@ -42,9 +44,9 @@ def parity_options(kind, root):
 def test_parity_identical_with_eval(kind, sample_data, tmp_path, capsys):
     out = tmp_path / 'report.json'
     code = parity.main([
-        CONFIGS[kind], '--iters', '2', '--eval', '--out', str(out),
-        '--work-dir', str(tmp_path), '--cfg-options',
-        *parity_options(kind, sample_data)
+        CONFIGS[kind], '--iters', '2', '--eval', '--out',
+        str(out), '--work-dir',
+        str(tmp_path), '--cfg-options', *parity_options(kind, sample_data)
     ])
     printed = capsys.readouterr().out
     assert code == 0, printed
@@ -62,8 +64,8 @@ def test_parity_identical_with_eval(kind, sample_data, tmp_path, capsys):
     assert 'packed batches: as designed (stock 0, fast 2)' in printed
     clipped = report['stock']['grad_norm_clipped']
     if kind == 'pointpillars':  # mmdet3d's cyclic-40e schedule clips at 35
-        assert report['stock']['clip_grad'] == dict(type='norm', max_norm=35,
-                                                    norm_type=2)
+        assert report['stock']['clip_grad'] == dict(
+            type='norm', max_norm=35, norm_type=2)
         assert 'iter 2 grad_norm after clip_grad' in whats
         assert len(clipped) == 2 and all(n < 35.001 for n in clipped)
         assert 'what mmengine logs as grad_norm' in printed
@@ -80,7 +82,8 @@ def test_parity_grad_norm_before_and_after_clip_grad(sample_data, tmp_path,
     options = parity_options('yolox', sample_data)
     out = tmp_path / 'report.json'
     code = parity.main([
-        CONFIGS['yolox'], '--iters', '1', '--out', str(out), '--work-dir',
+        CONFIGS['yolox'], '--iters', '1', '--out',
+        str(out), '--work-dir',
         str(tmp_path / 'clip'), '--cfg-options', *options,
         'optim_wrapper.clip_grad.max_norm=10'
     ])
@@ -96,12 +99,12 @@ def test_parity_grad_norm_before_and_after_clip_grad(sample_data, tmp_path,
     assert 'clip_grad by norm: max_norm=10' in printed
     # the same first step without clip_grad: its gradient norm is the
     # clipped run's norm before clipping
-    args = parity.parse_args([CONFIGS['yolox'], '--iters', '1',
-                              '--cfg-options', *options])
+    args = parity.parse_args(
+        [CONFIGS['yolox'], '--iters', '1', '--cfg-options', *options])
     cfg = Config.fromfile(CONFIGS['yolox'])
     cfg.merge_from_dict(args.cfg_options)
-    plain = run_once(parity_config(cfg, 'stock', 1, False,
-                                   str(tmp_path / 'plain')))
+    plain = run_once(
+        parity_config(cfg, 'stock', 1, False, str(tmp_path / 'plain')))
     assert plain['clip_grad'] is None and plain['grad_norm_clipped'] == []
     assert abs(plain['grad_norm'][0] - before['stock']) < \
         1e-5 * before['stock']
@@ -109,9 +112,9 @@ def test_parity_grad_norm_before_and_after_clip_grad(sample_data, tmp_path,
 
 def test_parity_catches_one_changed_value(sample_data, tmp_path, capsys):
     code = parity.main([
-        CONFIGS['yolox'], '--iters', '1', '--work-dir', str(tmp_path),
-        '--fast-hooks', 'PerturbFirstBatchHook', '--cfg-options',
-        *parity_options('yolox', sample_data)
+        CONFIGS['yolox'], '--iters', '1', '--work-dir',
+        str(tmp_path), '--fast-hooks', 'PerturbFirstBatchHook',
+        '--cfg-options', *parity_options('yolox', sample_data)
     ])
     printed = capsys.readouterr().out
     assert code == 1
@@ -139,15 +142,14 @@ def test_sample_ids_of_stock_and_packed_batches():
     samples = yolox_samples(4, size=32, max_boxes=2)
     assert batch_sample_ids(pseudo_collate(samples)) == [0, 1, 2, 3]
     assert batch_sample_ids(packed_collate(samples[::-1])) == [3, 2, 1, 0]
-    clouds = pointpillars_samples(2, min_points=10, max_points=20,
-                                  max_boxes=2)
+    clouds = pointpillars_samples(2, min_points=10, max_points=20, max_boxes=2)
     assert batch_sample_ids(pseudo_collate(clouds)) == [0, 1]  # sample_idx
     assert batch_sample_ids(packed_collate(clouds[::-1])) == [1, 0]
     # no sample index: the file the sample came from
     for sample in samples:
         del sample['data_samples'].img_id
-    assert batch_sample_ids(packed_collate(samples[:2])) == [
-        'synthetic/000000.jpg', 'synthetic/000001.jpg']
+    assert batch_sample_ids(packed_collate(
+        samples[:2])) == ['synthetic/000000.jpg', 'synthetic/000001.jpg']
 
 
 def test_order_row_same_and_different():
@@ -164,13 +166,12 @@ def test_order_row_same_and_different():
 
     # the second batch holds other samples: the first difference is iter 2
     order = [[0, 1], [3, 2], [4, 5]]
-    fast = recorded([packed_collate([samples[i] for i in ids])
-                     for ids in order])
+    fast = recorded(
+        [packed_collate([samples[i] for i in ids]) for ids in order])
     rows = compare(stock, fast)
     row = rows[0]
     assert row['what'] == ORDER_ROW and row['same'] is False
-    assert row['first_difference'] == dict(iter=2, stock=[2, 3],
-                                           fast=[3, 2])
+    assert row['first_difference'] == dict(iter=2, stock=[2, 3], fast=[3, 2])
     assert row['detail'] == 'iter 2: stock [2, 3] / fast [3, 2]'
     assert (row['stock'], row['fast']) == ('iter 2: [2, 3]', 'iter 2: [3, 2]')
     assert verdict(rows) == 'DIFFERENT'
@@ -198,13 +199,19 @@ def test_sample_ids_of_multibranch_batches():
     sup = TRANSFORMS.build(
         dict(type='MultiBranch', branch_field=branches, sup=pack))
     unsup = TRANSFORMS.build(
-        dict(type='MultiBranch', branch_field=branches,
-             unsup_teacher=[pack], unsup_student=[pack]))
+        dict(
+            type='MultiBranch',
+            branch_field=branches,
+            unsup_teacher=[pack],
+            unsup_student=[pack]))
 
     def image(i):
-        return dict(img=np.full((16, 16, 3), i, np.uint8), img_id=i,
-                    img_path=f'coco/{i:06d}.jpg', ori_shape=(16, 16),
-                    img_shape=(16, 16))
+        return dict(
+            img=np.full((16, 16, 3), i, np.uint8),
+            img_id=i,
+            img_path=f'coco/{i:06d}.jpg',
+            ori_shape=(16, 16),
+            img_shape=(16, 16))
 
     samples = [sup(image(7)), unsup(image(3)), unsup(image(5))]
     stock = pseudo_collate(samples)
@@ -221,9 +228,12 @@ def test_sample_ids_of_multibranch_batches():
     row = compare(a, c)[0]
     assert row['first_difference'] == dict(iter=1, stock=[7, 3], fast=[3, 5])
     # branches of one sample that name different samples: both kept
-    odd = {'data_samples': {
-        'sup': [DetDataSample(metainfo=dict(img_id=1))],
-        'unsup_teacher': [DetDataSample(metainfo=dict(img_id=2))]}}
+    odd = {
+        'data_samples': {
+            'sup': [DetDataSample(metainfo=dict(img_id=1))],
+            'unsup_teacher': [DetDataSample(metainfo=dict(img_id=2))]
+        }
+    }
     assert batch_sample_ids(odd) == [{'sup': 1, 'unsup_teacher': 2}]
 
 
@@ -234,14 +244,16 @@ def test_packed_batches_row_differs_by_design():
 
     def packed_row(rows):
         (row, ) = [r for r in rows if r['what'] == 'packed batches']
-        (line, ) = [ln for ln in format_table(rows).splitlines()
-                    if ln.startswith('| packed batches')]
+        (line, ) = [
+            ln for ln in format_table(rows).splitlines()
+            if ln.startswith('| packed batches')
+        ]
         return row, line
 
     rows = compare(stock, fast)
     row, line = packed_row(rows)
-    assert (row['stock'], row['fast'], row['same'], row['by_design']) == (
-        0, 2, True, 'stock 0, fast 2')
+    assert (row['stock'], row['fast'], row['same'],
+            row['by_design']) == (0, 2, True, 'stock 0, fast 2')
     assert 'n/a (differs by design)' in line and 'yes' not in line
     assert verdict(rows) == 'IDENTICAL'
     # a "fast" run that trained on unpacked batches fails the row
@@ -258,12 +270,16 @@ def mixed_coco(tmp_path_factory):
     from mmdet.datasets import CocoDataset
     root = tmp_path_factory.mktemp('order') / 'coco'
     load_tool('make_sample_data').make_coco(root, ORDER_IMAGES, 1, seed=0)
-    ds = CocoDataset(data_root=str(root),
-                     ann_file='annotations/instances_train2017.json',
-                     data_prefix=dict(img='train2017/'), pipeline=[],
-                     filter_cfg=dict(filter_empty_gt=True, min_size=32))
-    portrait = [ds.get_data_info(i)['width'] < ds.get_data_info(i)['height']
-                for i in range(len(ds))]
+    ds = CocoDataset(
+        data_root=str(root),
+        ann_file='annotations/instances_train2017.json',
+        data_prefix=dict(img='train2017/'),
+        pipeline=[],
+        filter_cfg=dict(filter_empty_gt=True, min_size=32))
+    portrait = [
+        ds.get_data_info(i)['width'] < ds.get_data_info(i)['height']
+        for i in range(len(ds))
+    ]
     # AspectRatioBatchSampler groups by orientation; more batches than the
     # workers prefetch
     assert len(ds) >= 14 and 0 < sum(portrait) < len(ds)
@@ -277,7 +293,8 @@ def test_parity_training_order_aspect_ratio_sampler(mixed_coco, tmp_path,
     assert osp.exists(RETINANET_R18), RETINANET_R18
     out = tmp_path / 'report.json'
     code = parity.main([
-        RETINANET_R18, '--iters', '2', '--out', str(out), '--work-dir',
+        RETINANET_R18, '--iters', '2', '--out',
+        str(out), '--work-dir',
         str(tmp_path), '--cfg-options',
         f'train_dataloader.dataset.data_root={mixed_coco}/',
         'train_dataloader.dataset.pipeline.2.scale=(128,128)',
@@ -292,8 +309,8 @@ def test_parity_training_order_aspect_ratio_sampler(mixed_coco, tmp_path,
     assert all(isinstance(i, int) for ids in stock for i in ids)  # img_id
     assert row['same'], f"training order {row['detail']}\n{printed}"
     assert fast == stock
-    assert row['stock'] == row['fast'] == ' '.join(
-        f'[{a}, {b}]' for a, b in stock)
+    assert row['stock'] == row['fast'] == ' '.join(f'[{a}, {b}]'
+                                                   for a, b in stock)
     assert 'training order: IDENTICAL' in printed
     assert code == 0, printed
     assert 'result: IDENTICAL' in printed

@@ -15,6 +15,7 @@ SEAM = PACKAGE / 'compat'
 #: Public API that happens to start with an underscore (namedtuple's).
 PUBLIC = {'_fields', '_asdict', '_replace', '_make'}
 PRIVATE = re.compile(r'^_[A-Za-z][A-Za-z0-9_]*$')
+DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 DOTTED = re.compile(r'^[A-Za-z0-9_.]+$')
 
 
@@ -28,8 +29,7 @@ def _own_names() -> set:
     own = set()
     for path in _sources():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                 ast.ClassDef)):
+            if isinstance(node, DEFINITIONS):
                 own.add(node.name)
             elif isinstance(node, ast.Name) and isinstance(
                     node.ctx, ast.Store):
@@ -67,8 +67,7 @@ def _uses(path: Path):
                 if PRIVATE.match(part):
                     yield node.lineno, part
         elif isinstance(node, ast.ImportFrom) and node.module:
-            for part in node.module.split('.') + [
-                    a.name for a in node.names]:
+            for part in node.module.split('.') + [a.name for a in node.names]:
                 if PRIVATE.match(part):
                     yield node.lineno, part
 

@@ -26,8 +26,10 @@ README = (ROOT / 'README.md').read_text()
 #: README.md and every docs/*.md, by path relative to the repository.
 PAGES: Dict[str, str] = {
     'README.md': README,
-    **{f'docs/{p.name}': p.read_text()
-       for p in sorted((ROOT / 'docs').glob('*.md'))},
+    **{
+        f'docs/{p.name}': p.read_text()
+        for p in sorted((ROOT / 'docs').glob('*.md'))
+    },
 }
 #: The README's length limit, and what its first screen must hold.
 README_MAX_LINES = 260
@@ -51,14 +53,15 @@ FIRST_SCREEN = (
     '1,785 -> 1,785 (1.00)',
     'GPU iteration time | not measured',
 )
-#: Pages other sessions are writing; their links skip until they exist.
-PENDING_PAGES = {'docs/packing.md', 'docs/parity.md', 'docs/step.md'}
 #: Commands run for real (seconds each), with the exit code they must give.
 CHEAP = {
-    'python tools/make_sample_data.py --out data/sample': 0,
-    'python tools/demo.py --packing-only': 0,
+    'python tools/make_sample_data.py --out data/sample':
+    0,
+    'python tools/demo.py --packing-only':
+    0,
     'python tools/parity.py configs/yolox/yolox_tiny_fast_sample.py '
-    '--iters 1 --fast-hooks PerturbFirstBatchHook': 1,
+    '--iters 1 --fast-hooks PerturbFirstBatchHook':
+    1,
 }
 _INLINE = re.compile(r'`((?:\.venv/bin/)?python [^`]+|tools/\w+\.sh [^`]+|'
                      r'make [a-z][^`]*)`')
@@ -127,8 +130,8 @@ def check(command: str) -> None:
     assert (ROOT / script).exists(), command
     args = argv[1:]
     for arg in args:
-        if arg.endswith('.py') and not (_placeholder(arg) or
-                                        _readers_file(arg)):
+        if arg.endswith('.py') and not (_placeholder(arg)
+                                        or _readers_file(arg)):
             assert (ROOT / arg).exists(), f'{command}: no {arg}'
     if script.endswith('.sh') or any(_placeholder(a) for a in args):
         return
@@ -191,13 +194,11 @@ def test_links_lead_somewhere(page, link):
     path, _, anchor = link.partition('#')
     target = (ROOT / page).parent / path if path else ROOT / page
     name = target.resolve().relative_to(ROOT).as_posix()
-    if not target.exists() and name in PENDING_PAGES:
-        pytest.skip(f'{name} is being written')
     assert target.exists(), f'{page}: {link}'
     if anchor:
         text = target.read_text()
-        headings = re.findall(r'^#+ (.*)$', re.sub(r'```.*?```', '', text,
-                                                   flags=re.S), re.M)
+        headings = re.findall(r'^#+ (.*)$',
+                              re.sub(r'```.*?```', '', text, flags=re.S), re.M)
         assert anchor in {_anchor(h) for h in headings}, f'{page}: {link}'
 
 
@@ -206,33 +207,43 @@ def test_readme_config_blocks_load(tmp_path):
     form keeps the base's ``custom_hooks`` and adds the two hooks."""
     from mmengine.config import Config
     from mmengine.registry import HOOKS
-    (two_lines, ) = [b for b in python_blocks(README)
-                     if 'FastParallelHook' in b and '_base_' not in b]
+    (two_lines, ) = [
+        b for b in python_blocks(README)
+        if 'FastParallelHook' in b and '_base_' not in b
+    ]
     path = tmp_path / 'two_lines.py'
     path.write_text(two_lines)
     cfg = Config.fromfile(str(path))
     assert [h['type'] for h in cfg.custom_hooks] == ['FastParallelHook']
     assert HOOKS.get('FastParallelHook') is not None
-    (based, ) = [b for b in python_blocks(README)
-                 if '*_base_.custom_hooks' in b]
+    (based, ) = [
+        b for b in python_blocks(README) if '*_base_.custom_hooks' in b
+    ]
     path = tmp_path / 'my_config.py'
     path.write_text(based)
     cfg = Config.fromfile(str(path))
-    (base_line, ) = [ln for ln in based.splitlines()
-                     if ln.startswith('_base_ = ')]
+    (base_line, ) = [
+        ln for ln in based.splitlines() if ln.startswith('_base_ = ')
+    ]
     (tmp_path / 'upstream.py').write_text(base_line + '\n')
     base = Config.fromfile(str(tmp_path / 'upstream.py'))
     assert base.custom_hooks  # the form is shown on a base that has some
     assert cfg.custom_hooks == base.custom_hooks + [
-        dict(type='FastParallelHook'), dict(type='ExactResumeHook')]
+        dict(type='FastParallelHook'),
+        dict(type='ExactResumeHook')
+    ]
 
 
 @pytest.mark.parametrize('command', list(CHEAP))
 def test_cheap_command_runs_as_printed(command):
     env = dict(os.environ)
     env['PATH'] = os.path.dirname(sys.executable) + os.pathsep + env['PATH']
-    done = subprocess.run(['bash', '-c', command], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(['bash', '-c', command],
+                          cwd=ROOT,
+                          env=env,
+                          capture_output=True,
+                          text=True,
+                          timeout=600)
     assert done.returncode == CHEAP[command], done.stderr[-3000:]
     if CHEAP[command] == 1:
         assert 'result: DIFFERENT' in done.stdout
@@ -241,8 +252,10 @@ def test_cheap_command_runs_as_printed(command):
 def _without_scope(tree, scope):
     """``tree`` (dicts and lists) without its ``_scope_=scope`` keys."""
     if isinstance(tree, dict):
-        return {k: _without_scope(v, scope) for k, v in tree.items()
-                if not (k == '_scope_' and v == scope)}
+        return {
+            k: _without_scope(v, scope)
+            for k, v in tree.items() if not (k == '_scope_' and v == scope)
+        }
     if isinstance(tree, (list, tuple)):
         return [_without_scope(v, scope) for v in tree]
     return tree
@@ -256,14 +269,17 @@ def test_pointpillars_cpu_block_is_a_working_config(tmp_path):
     from mmdet3d.evaluation.metrics import KittiMetric
     from mmdet3d.registry import METRICS, TRANSFORMS
     from mmengine.config import Config
-    (block, ) = [b for text in PAGES.values() for b in python_blocks(text)
-                 if 'DataBaseSamplerNp124' in b]
+    (block, ) = [
+        b for text in PAGES.values() for b in python_blocks(text)
+        if 'DataBaseSamplerNp124' in b
+    ]
     path = tmp_path / 'pointpillars_cpu.py'
     path.write_text(block)
     cfg = Config.fromfile(str(path))  # imports its custom_imports
     # upstream's recipe alone, read the same way
-    (base_line, ) = [ln for ln in block.splitlines()
-                     if ln.startswith('_base_ = ')]
+    (base_line, ) = [
+        ln for ln in block.splitlines() if ln.startswith('_base_ = ')
+    ]
     assert 'mmdet3d::pointpillars/' in base_line
     (tmp_path / 'upstream.py').write_text(base_line + '\n')
     base = Config.fromfile(str(tmp_path / 'upstream.py'))
@@ -279,8 +295,13 @@ def test_pointpillars_cpu_block_is_a_working_config(tmp_path):
     assert issubclass(TRANSFORMS.get('DataBaseSamplerNp124'), DataBaseSampler)
     for key in ('val_evaluator', 'test_evaluator'):
         assert cfg[key].type == 'KittiMetricCPU', key
-        assert {k: v for k, v in cfg[key].items() if k != 'type'} == {
-            k: v for k, v in base[key].items() if k != 'type'}, key
+        assert {
+            k: v
+            for k, v in cfg[key].items() if k != 'type'
+        } == {
+            k: v
+            for k, v in base[key].items() if k != 'type'
+        }, key
         metric = METRICS.build(cfg[key])
         assert isinstance(metric, KittiMetric), key
         assert type(metric).__name__ == 'KittiMetricCPU'

@@ -23,8 +23,8 @@ from test_distributed import free_port
 from torch.utils.data import Dataset
 
 from fast_parallel import PackedCollate, packed_collate
-from fast_parallel.data.loader import FastDataLoader
 from fast_parallel.bench.synthetic import pointpillars_samples, yolox_samples
+from fast_parallel.data.loader import FastDataLoader
 
 
 def coco_val_dataset(root):
@@ -37,15 +37,14 @@ def coco_val_dataset(root):
     return DATASETS.build(cfg.dataset)
 
 
-def test_worker_raising_in_the_pipeline_names_the_cause(sample_data,
-                                                        tmp_path):
+def test_worker_raising_in_the_pipeline_names_the_cause(sample_data, tmp_path):
     root = tmp_path / 'data'
     shutil.copytree(sample_data / 'coco', root / 'coco')
     dataset = coco_val_dataset(root)
     missing = dataset.get_data_info(3)['img_path']
     os.remove(missing)
-    loader = FastDataLoader(dataset, batch_size=2, num_workers=2,
-                            collate_fn=PackedCollate())
+    loader = FastDataLoader(
+        dataset, batch_size=2, num_workers=2, collate_fn=PackedCollate())
     start = time.monotonic()
     with pytest.raises(FileNotFoundError) as info:
         for _ in loader:
@@ -84,8 +83,11 @@ KILLED_WORKER = textwrap.dedent("""
 def test_killed_worker_is_a_clear_error_not_a_hang():
     start = time.monotonic()
     done = subprocess.run(
-        [sys.executable, '-c', KILLED_WORKER.format(root=ROOT)],
-        capture_output=True, text=True, timeout=120)
+        [sys.executable, '-c',
+         KILLED_WORKER.format(root=ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=120)
     assert time.monotonic() - start < 120
     assert done.returncode != 0
     assert 'finished without noticing' not in done.stdout
@@ -109,8 +111,8 @@ def test_nan_image_is_carried_exactly_as_stock():
     assert_same_tree(fast, stock)  # raw bytes: NaN payloads, signed zeros
     assert torch.isnan(fast['inputs'][0]).any()
     # and through a DataLoader with workers, as training sees it
-    loader = FastDataLoader(samples * 2, batch_size=3, num_workers=2,
-                            collate_fn=packed_collate)
+    loader = FastDataLoader(
+        samples * 2, batch_size=3, num_workers=2, collate_fn=packed_collate)
     for batch in loader:
         assert_same_tree(batch.to('cpu').unpack(), stock)
 
@@ -129,14 +131,18 @@ class Clouds(Dataset):
 
 def _rss_and_fds():
     with open('/proc/self/status') as f:
-        rss = next(int(line.split()[1]) for line in f
-                   if line.startswith('VmRSS:'))
+        rss = next(
+            int(line.split()[1]) for line in f if line.startswith('VmRSS:'))
     return rss * 1024, len(os.listdir('/proc/self/fd'))
 
 
 def test_memory_stays_bounded_over_1000_packed_batches():
-    loader = FastDataLoader(Clouds(), batch_size=6, num_workers=2,
-                            collate_fn=packed_collate, pin_memory=True)
+    loader = FastDataLoader(
+        Clouds(),
+        batch_size=6,
+        num_workers=2,
+        collate_fn=packed_collate,
+        pin_memory=True)
     marks = {}
     nbytes = 0
     for i, batch in enumerate(loader):
@@ -156,19 +162,32 @@ def test_memory_stays_bounded_over_1000_packed_batches():
     assert fd_growth <= 4, (marks[100], marks[1000])
 
 
-def test_failing_rank_stops_the_other_within_bounded_time(sample_data,
-                                                          tmp_path):
-    cfg = sample_config(CONFIGS['yolox'], sample_data, tmp_path, fast=True,
-                        train_cfg=dict(max_epochs=1, val_interval=10))
+def test_failing_rank_stops_the_other_within_bounded_time(
+        sample_data, tmp_path):
+    cfg = sample_config(
+        CONFIGS['yolox'],
+        sample_data,
+        tmp_path,
+        fast=True,
+        train_cfg=dict(max_epochs=1, val_interval=10))
     config = with_fault_hook(cfg, 'RaiseAtIterHook',
                              tmp_path / 'failing_rank.py')
-    env = fault_env(PORT=str(free_port()), PYTHON=sys.executable,
-                    OMP_NUM_THREADS='1', FP_RAISE_AT_ITER='1',
-                    FP_RAISE_RANK='1')
+    env = fault_env(
+        PORT=str(free_port()),
+        PYTHON=sys.executable,
+        OMP_NUM_THREADS='1',
+        FP_RAISE_AT_ITER='1',
+        FP_RAISE_RANK='1')
     start = time.monotonic()
-    done = subprocess.run(['bash', 'tools/dist_train.sh', str(config), '2',
-                           '--work-dir', str(tmp_path / 'work')],
-                          cwd=ROOT, env=env, capture_output=True, text=True,
+    done = subprocess.run([
+        'bash', 'tools/dist_train.sh',
+        str(config), '2', '--work-dir',
+        str(tmp_path / 'work')
+    ],
+                          cwd=ROOT,
+                          env=env,
+                          capture_output=True,
+                          text=True,
                           timeout=300)
     elapsed = time.monotonic() - start
     out = done.stdout + done.stderr
@@ -195,8 +214,8 @@ class OffCpu(Dataset):
 
 
 def test_non_cpu_tensor_inside_a_worker_names_sample_and_field():
-    loader = FastDataLoader(OffCpu(), batch_size=2, num_workers=2,
-                            collate_fn=packed_collate)
+    loader = FastDataLoader(
+        OffCpu(), batch_size=2, num_workers=2, collate_fn=packed_collate)
     from fast_parallel import PackingError
     with pytest.raises(PackingError) as info:
         next(iter(loader))

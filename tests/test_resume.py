@@ -20,10 +20,10 @@ from runner_utils import fault_env, sample_config, with_fault_hook
 def resume_config(sample_data, tmp_path):
     cfg = sample_config(CONFIGS['yolox'], sample_data, tmp_path, fast=True)
     cfg.train_dataloader.sampler = dict(type='InfiniteSampler', shuffle=True)
-    cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=8,
-                         val_interval=4)
-    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', by_epoch=False,
-                                        interval=4, max_keep_ckpts=3)
+    cfg.train_cfg = dict(
+        type='IterBasedTrainLoop', max_iters=8, val_interval=4)
+    cfg.default_hooks.checkpoint = dict(
+        type='CheckpointHook', by_epoch=False, interval=4, max_keep_ckpts=3)
     cfg.log_processor = dict(by_epoch=False, window_size=1)
     cfg.randomness = dict(seed=0, deterministic=True)
     return with_fault_hook(cfg, 'CrashAtIterHook',
@@ -33,29 +33,37 @@ def resume_config(sample_data, tmp_path):
 def train(config, work_dir, *extra, kill_at=None):
     env = fault_env() if kill_at is None else \
         fault_env(FP_KILL_AT_ITER=str(kill_at))
-    return subprocess.run(
-        [sys.executable, 'tools/train.py', str(config), '--work-dir',
-         str(work_dir), *extra], cwd=ROOT, env=env, capture_output=True,
-        text=True, timeout=600)
+    return subprocess.run([
+        sys.executable, 'tools/train.py',
+        str(config), '--work-dir',
+        str(work_dir), *extra
+    ],
+                          cwd=ROOT,
+                          env=env,
+                          capture_output=True,
+                          text=True,
+                          timeout=600)
 
 
 def final_state(work_dir):
     ckpt = torch.load(work_dir / 'iter_8.pth')  # weights_only=True
     tensors = {f'model.{k}': v for k, v in ckpt['state_dict'].items()}
-    tensors.update({f'ema.{k}': v
-                    for k, v in ckpt['ema_state_dict'].items()})
+    tensors.update({f'ema.{k}': v for k, v in ckpt['ema_state_dict'].items()})
     for pid, state in ckpt['optimizer']['state'].items():
-        tensors.update({f'optim.{pid}.{k}': v for k, v in state.items()
-                        if torch.is_tensor(v)})
+        tensors.update({
+            f'optim.{pid}.{k}': v
+            for k, v in state.items() if torch.is_tensor(v)
+        })
     return tensors
 
 
 def differing(a, b):
     assert a.keys() == b.keys()
-    return [k for k in a
-            if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape
-            or not torch.equal(a[k].view(-1).view(torch.uint8),
-                               b[k].view(-1).view(torch.uint8))]
+    return [
+        k for k in a
+        if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or not torch.
+        equal(a[k].view(-1).view(torch.uint8), b[k].view(-1).view(torch.uint8))
+    ]
 
 
 def run_pair(sample_data, tmp_path):
@@ -73,8 +81,8 @@ def run_pair(sample_data, tmp_path):
     return final_state(whole), final_state(crashed)
 
 
-def test_sigkill_then_resume_ends_with_identical_weights(sample_data,
-                                                         tmp_path):
+def test_sigkill_then_resume_ends_with_identical_weights(
+        sample_data, tmp_path):
     whole, resumed = run_pair(sample_data, tmp_path)
     assert len(whole) > 400
     assert differing(whole, resumed) == []

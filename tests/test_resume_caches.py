@@ -29,26 +29,37 @@ PIPELINE = [
 def _train(sample_data, work_dir, persistent: bool, resume_from=None):
     coco = sample_data / 'coco'
     loader = dict(
-        dataset=dict(type='CocoDataset', data_root=str(coco) + '/',
-                     ann_file='annotations/instances_train2017.json',
-                     data_prefix=dict(img='train2017/'),
-                     filter_cfg=dict(filter_empty_gt=False),
-                     pipeline=PIPELINE),
-        sampler=dict(type='DefaultSampler', shuffle=True), batch_size=2,
-        num_workers=2, persistent_workers=persistent)
+        dataset=dict(
+            type='CocoDataset',
+            data_root=str(coco) + '/',
+            ann_file='annotations/instances_train2017.json',
+            data_prefix=dict(img='train2017/'),
+            filter_cfg=dict(filter_empty_gt=False),
+            pipeline=PIPELINE),
+        sampler=dict(type='DefaultSampler', shuffle=True),
+        batch_size=2,
+        num_workers=2,
+        persistent_workers=persistent)
     recorder = BatchRecorder()
     runner = Runner(
-        model=OneParameter(), work_dir=str(work_dir),
+        model=OneParameter(),
+        work_dir=str(work_dir),
         experiment_name=f'caches_{uuid.uuid4().hex}',
         train_dataloader=loader,
         train_cfg=dict(type='EpochBasedTrainLoop', max_epochs=2),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
-        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1),
-                           logger=dict(type='LoggerHook', interval=1000)),
-        custom_hooks=[dict(type='FastParallelHook'),
-                      dict(type='ExactResumeHook'), recorder],
-        randomness=dict(seed=3), default_scope='mmdet', log_level='INFO',
-        load_from=resume_from, resume=resume_from is not None)
+        default_hooks=dict(
+            checkpoint=dict(type='CheckpointHook', interval=1),
+            logger=dict(type='LoggerHook', interval=1000)),
+        custom_hooks=[
+            dict(type='FastParallelHook'),
+            dict(type='ExactResumeHook'), recorder
+        ],
+        randomness=dict(seed=3),
+        default_scope='mmdet',
+        log_level='INFO',
+        load_from=resume_from,
+        resume=resume_from is not None)
     runner.train()
     per_epoch = len(runner.train_dataloader)
     log = ''.join(p.read_text() for p in work_dir.glob('*/*.log'))
@@ -58,9 +69,11 @@ def _train(sample_data, work_dir, persistent: bool, resume_from=None):
 @pytest.mark.parametrize('persistent', [True, False])
 def test_cached_transforms_on_resume(sample_data, tmp_path, persistent):
     full, per_epoch, _ = _train(sample_data, tmp_path / 'full', persistent)
-    resumed, _, log = _train(sample_data, tmp_path / 'resumed', persistent,
-                             resume_from=str(tmp_path / 'full' /
-                                             'epoch_1.pth'))
+    resumed, _, log = _train(
+        sample_data,
+        tmp_path / 'resumed',
+        persistent,
+        resume_from=str(tmp_path / 'full' / 'epoch_1.pth'))
     full.batches = full.batches[per_epoch:]
     assert len(resumed.batches) == len(full.batches) == per_epoch > 2
     if persistent:
@@ -77,13 +90,19 @@ def test_cached_transforms_on_resume(sample_data, tmp_path, persistent):
 def test_stateful_transforms_are_found_through_wrappers():
     from mmdet.utils import register_all_modules
     register_all_modules()
-    inner = Compose([dict(type='LoadImageFromFile'),
-                     dict(type='RandomApply', transforms=[
-                         dict(type='CachedMixUp', img_scale=(64, 64))])])
-    outer = Compose([dict(type='CachedMosaic', img_scale=(64, 64)),
-                     dict(type='RandomFlip', prob=0.5)])
+    inner = Compose([
+        dict(type='LoadImageFromFile'),
+        dict(
+            type='RandomApply',
+            transforms=[dict(type='CachedMixUp', img_scale=(64, 64))])
+    ])
+    outer = Compose([
+        dict(type='CachedMosaic', img_scale=(64, 64)),
+        dict(type='RandomFlip', prob=0.5)
+    ])
 
     class Wrapped:  # what a dataset wrapper holds: a dataset and a pipeline
+
         def __init__(self) -> None:
             self.pipeline = outer
             self.dataset = type('Inner', (), {'pipeline': inner})()

@@ -48,10 +48,22 @@ def resume_pair(files, tmp_path, fast: bool, loop: str, **kw):
     else:
         kw.update(iters=7)
         ckpt, skip = 'iter_4.pth', 4
-    full = train(files, tmp_path / 'full', CASE, loop, fast=fast,
-                 checkpoints=True, **kw)
-    resumed = train(files, tmp_path / 'resumed', CASE, loop, fast=fast,
-                    resume_from=str(tmp_path / 'full' / ckpt), **kw)
+    full = train(
+        files,
+        tmp_path / 'full',
+        CASE,
+        loop,
+        fast=fast,
+        checkpoints=True,
+        **kw)
+    resumed = train(
+        files,
+        tmp_path / 'resumed',
+        CASE,
+        loop,
+        fast=fast,
+        resume_from=str(tmp_path / 'full' / ckpt),
+        **kw)
     return _Record(full, skip), _Record(resumed)
 
 
@@ -70,34 +82,56 @@ def ids(record: _Record) -> list:
     return [batch_ids(b) for b in record.batches]
 
 
-@pytest.mark.parametrize('loop,workers,seed', [
-    ('epoch', 2, None),  # no fixed seed: loaders get the checkpoint's
-    ('epoch', 0, 7),  # pipeline in the main process: its random states
-    ('iter', 2, None),
-])
-def test_resume_trains_on_the_uninterrupted_batches(ann_files, tmp_path,
-                                                    loop, workers, seed):
-    full, resumed = resume_pair(ann_files, tmp_path / 'fast', True, loop,
-                                workers=workers, seed=seed, persistent=False)
+@pytest.mark.parametrize(
+    'loop,workers,seed',
+    [
+        ('epoch', 2, None),  # no fixed seed: loaders get the checkpoint's
+        ('epoch', 0, 7),  # pipeline in the main process: its random states
+        ('iter', 2, None),
+    ])
+def test_resume_trains_on_the_uninterrupted_batches(ann_files, tmp_path, loop,
+                                                    workers, seed):
+    full, resumed = resume_pair(
+        ann_files,
+        tmp_path / 'fast',
+        True,
+        loop,
+        workers=workers,
+        seed=seed,
+        persistent=False)
     assert_same_run(full, resumed)
     # only epoch loops with persistent workers need the workers' states
     assert full.with_worker_states == resumed.with_worker_states == 0
 
-    full, resumed = resume_pair(ann_files, tmp_path / 'stock', False, loop,
-                                workers=workers, seed=seed, persistent=False)
+    full, resumed = resume_pair(
+        ann_files,
+        tmp_path / 'stock',
+        False,
+        loop,
+        workers=workers,
+        seed=seed,
+        persistent=False)
     assert ids(full) != ids(resumed)
 
 
-@pytest.mark.parametrize('seed,exact_first', [
-    (7, False),
-    (None, False),  # the loader is built again with the checkpoint's seed
-    (7, True),  # ExactResumeHook's before_run before FastParallelHook's
-])
+@pytest.mark.parametrize(
+    'seed,exact_first',
+    [
+        (7, False),
+        (None, False),  # the loader is built again with the checkpoint's seed
+        (7, True),  # ExactResumeHook's before_run before FastParallelHook's
+    ])
 def test_persistent_workers_resume_exactly(ann_files, tmp_path, seed,
                                            exact_first):
-    full, resumed = resume_pair(ann_files, tmp_path / 'fast', True, 'epoch',
-                                workers=2, seed=seed, persistent=True,
-                                exact_first=exact_first)
+    full, resumed = resume_pair(
+        ann_files,
+        tmp_path / 'fast',
+        True,
+        'epoch',
+        workers=2,
+        seed=seed,
+        persistent=True,
+        exact_first=exact_first)
     assert_same_run(full, resumed)
     assert full.with_worker_states == 3 * PER_EPOCH
     assert INEXACT not in log_text(tmp_path / 'fast' / 'resumed')
@@ -105,16 +139,27 @@ def test_persistent_workers_resume_exactly(ann_files, tmp_path, seed,
         return  # the stock path has no hooks to order
 
     # stock: other reference frames after the resume
-    full, resumed = resume_pair(ann_files, tmp_path / 'stock', False,
-                                'epoch', workers=2, seed=seed,
-                                persistent=True)
+    full, resumed = resume_pair(
+        ann_files,
+        tmp_path / 'stock',
+        False,
+        'epoch',
+        workers=2,
+        seed=seed,
+        persistent=True)
     assert ids(full) != ids(resumed)
 
 
 def test_persistent_workers_resume_warns_where_inexact(ann_files, tmp_path):
     kw = dict(workers=2, seed=7, persistent=True, epochs=3)
-    train(ann_files, tmp_path / 'full', CASE, 'epoch', fast=True,
-          checkpoints=True, **kw)
+    train(
+        ann_files,
+        tmp_path / 'full',
+        CASE,
+        'epoch',
+        fast=True,
+        checkpoints=True,
+        **kw)
     ckpt = torch.load(tmp_path / 'full' / 'epoch_2.pth', weights_only=False)
     saved = ckpt['meta'][META_KEY]
     assert sorted(saved['workers']['states']) == [0, 1]
@@ -122,16 +167,28 @@ def test_persistent_workers_resume_warns_where_inexact(ann_files, tmp_path):
     # a checkpoint without the workers' states (stock, older versions)
     del saved['workers']
     torch.save(ckpt, tmp_path / 'no_states.pth')
-    train(ann_files, tmp_path / 'no_states', CASE, 'epoch', fast=True,
-          resume_from=str(tmp_path / 'no_states.pth'), **kw)
+    train(
+        ann_files,
+        tmp_path / 'no_states',
+        CASE,
+        'epoch',
+        fast=True,
+        resume_from=str(tmp_path / 'no_states.pth'),
+        **kw)
     text = log_text(tmp_path / 'no_states')
     assert INEXACT in text and 'persistent_workers=True' in text
     assert 'holds no random states of the workers' in text
 
     # another number of workers
     kw.update(workers=1)
-    train(ann_files, tmp_path / 'one_worker', CASE, 'epoch', fast=True,
-          resume_from=str(tmp_path / 'full' / 'epoch_2.pth'), **kw)
+    train(
+        ann_files,
+        tmp_path / 'one_worker',
+        CASE,
+        'epoch',
+        fast=True,
+        resume_from=str(tmp_path / 'full' / 'epoch_2.pth'),
+        **kw)
     text = log_text(tmp_path / 'one_worker')
     assert INEXACT in text
     assert 'holds the random states of 2 workers, this run has 1' in text

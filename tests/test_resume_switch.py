@@ -26,14 +26,15 @@ EPOCHS = 4
 INEXACT = 'this resumed run will not be identical'
 
 
-def _config(sample_data: Path, work_dir: Path,
+def _config(sample_data: Path,
+            work_dir: Path,
             resume_from: Optional[Path] = None):
     cfg = sample_config(CONFIGS['yolox'], sample_data, work_dir, fast=True)
     assert cfg.train_dataloader.persistent_workers is True
     assert cfg.train_dataloader.num_workers == 2
     cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=1)
-    cfg.train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=EPOCHS,
-                         val_interval=EPOCHS + 1)
+    cfg.train_cfg = dict(
+        type='EpochBasedTrainLoop', max_epochs=EPOCHS, val_interval=EPOCHS + 1)
     cfg.randomness = dict(seed=0, deterministic=True)
     if resume_from is not None:
         cfg.resume, cfg.load_from = True, str(resume_from)
@@ -43,8 +44,7 @@ def _config(sample_data: Path, work_dir: Path,
 def _end_state(work_dir: Path) -> Dict[str, torch.Tensor]:
     ckpt = torch.load(work_dir / f'epoch_{EPOCHS}.pth')
     tensors = {f'model.{k}': v for k, v in ckpt['state_dict'].items()}
-    tensors.update(
-        {f'ema.{k}': v for k, v in ckpt['ema_state_dict'].items()})
+    tensors.update({f'ema.{k}': v for k, v in ckpt['ema_state_dict'].items()})
     for pid, state in ckpt['optimizer']['state'].items():
         tensors.update({f'optim.{pid}.{k}': v for k, v in state.items()})
     return tensors
@@ -66,29 +66,32 @@ def test_checkpoints_record_the_restart(whole):
     work_dir, _ = whole
     restarts = {}
     for epoch in (1, 2, 3):
-        ckpt = torch.load(work_dir / f'epoch_{epoch}.pth',
-                          weights_only=False)
+        ckpt = torch.load(work_dir / f'epoch_{epoch}.pth', weights_only=False)
         workers = ckpt['meta']['fast_parallel_resume']['workers']
         assert sorted(workers['states']) == [0, 1]
         restarts[epoch] = workers['restarts']
     # the hook switched at the start of epoch index 2 (the third epoch)
-    assert restarts == {1: [], 2: [],
-                        3: [dict(epoch=2, hooks=['YOLOXModeSwitchHook'])]}
+    assert restarts == {
+        1: [],
+        2: [],
+        3: [dict(epoch=2, hooks=['YOLOXModeSwitchHook'])]
+    }
 
 
 @pytest.mark.parametrize('saved,message', [
     (1, 'start from the random states the checkpoint holds'),
     (2, 'YOLOXModeSwitchHook restarted the train DataLoader workers at '
-        'epoch 2, as in the interrupted run: they start afresh'),
+     'epoch 2, as in the interrupted run: they start afresh'),
     (3, 'YOLOXModeSwitchHook switched again'),
 ])
-def test_resume_around_the_switch_is_exact(sample_data, whole, tmp_path,
-                                           saved, message):
+def test_resume_around_the_switch_is_exact(sample_data, whole, tmp_path, saved,
+                                           message):
     work_dir, end = whole
     assert sum(k.startswith('ema.') for k in end) > 300
     resumed = tmp_path / 'resumed'
-    runner = Runner.from_cfg(_config(
-        sample_data, resumed, resume_from=work_dir / f'epoch_{saved}.pth'))
+    runner = Runner.from_cfg(
+        _config(
+            sample_data, resumed, resume_from=work_dir / f'epoch_{saved}.pth'))
     runner.train()
     assert not (resumed / f'epoch_{saved}.pth').exists()  # it did resume
     assert _differing(end, _end_state(resumed)) == []
@@ -105,6 +108,6 @@ def test_decide_start_is_honest_where_it_cannot_tell():
     fresh, message, exact = decide_start(True, dict(states={}), set(), 3)
     assert not fresh and not exact and 'does not say' in message
     # a hook restarting the workers for the first time: afresh, exact
-    fresh, message, exact = decide_start(
-        True, dict(states={}, restarts=[]), set(), 3)
+    fresh, message, exact = decide_start(True, dict(states={}, restarts=[]),
+                                         set(), 3)
     assert fresh and exact

@@ -1,4 +1,5 @@
-"""fast_parallel/data/ring.py: shared slots reused across batches, never early."""
+"""fast_parallel/data/ring.py: shared slots reused across batches, never
+early."""
 import gc
 
 import torch
@@ -6,10 +7,10 @@ from helpers import assert_same_tree
 from mmengine.dataset import pseudo_collate
 from torch.utils.data import DataLoader, Dataset
 
-from fast_parallel import PackedCollate, packed_collate, pack
+from fast_parallel import PackedCollate, pack, packed_collate
+from fast_parallel.bench.synthetic import pointpillars_samples
 from fast_parallel.data import ring as ring_module
 from fast_parallel.data.ring import SharedRing
-from fast_parallel.bench.synthetic import pointpillars_samples
 
 
 class Clouds(Dataset):
@@ -19,23 +20,21 @@ class Clouds(Dataset):
         return 48
 
     def __getitem__(self, i):
-        return pointpillars_samples(1, 500 + 50 * (i % 5), 900, 5,
-                                    seed=i)[0]
+        return pointpillars_samples(1, 500 + 50 * (i % 5), 900, 5, seed=i)[0]
 
 
 def stock_batch(dataset, b, size):
-    return pseudo_collate([dataset[i] for i in range(b * size,
-                                                     (b + 1) * size)])
+    return pseudo_collate(
+        [dataset[i] for i in range(b * size, (b + 1) * size)])
 
 
 def test_slots_are_reused_and_batches_stay_exact():
     before = dict(ring_module.STATS)
     dataset = Clouds()
-    loader = DataLoader(dataset, batch_size=3, num_workers=2,
-                        collate_fn=packed_collate)
+    loader = DataLoader(
+        dataset, batch_size=3, num_workers=2, collate_fn=packed_collate)
     for b, packed in enumerate(loader):
-        assert_same_tree(packed.to('cpu').unpack(),
-                         stock_batch(dataset, b, 3))
+        assert_same_tree(packed.to('cpu').unpack(), stock_batch(dataset, b, 3))
         del packed
     sent = ring_module.STATS['storages'] - before['storages']
     reused = ring_module.STATS['reused'] - before['reused']
@@ -47,8 +46,11 @@ def test_held_batches_are_never_overwritten():
     # keep every unpacked batch alive: no slot frees, the workers must fall
     # back to fresh buffers, and every batch still equals stock at the end
     dataset = Clouds()
-    loader = DataLoader(dataset, batch_size=4, num_workers=2,
-                        collate_fn=PackedCollate(ring=SharedRing(2)))
+    loader = DataLoader(
+        dataset,
+        batch_size=4,
+        num_workers=2,
+        collate_fn=PackedCollate(ring=SharedRing(2)))
     held = [packed.unpack() for packed in loader]
     for b, batch in enumerate(held):
         assert_same_tree(batch, stock_batch(dataset, b, 4))
@@ -56,8 +58,11 @@ def test_held_batches_are_never_overwritten():
 
 def test_slot_flag_clears_when_the_last_view_goes():
     dataset = Clouds()
-    loader = DataLoader(dataset, batch_size=2, num_workers=1,
-                        collate_fn=PackedCollate(ring=SharedRing(1)))
+    loader = DataLoader(
+        dataset,
+        batch_size=2,
+        num_workers=1,
+        collate_fn=PackedCollate(ring=SharedRing(1)))
     known = set(ring_module._CACHE)
     it = iter(loader)
     batch = next(it).unpack()

@@ -42,8 +42,10 @@ def data(sample_data) -> Path:
 def kitti_labels(kitti: Path, ids) -> list:
     """All label lines of the given training frames, split into fields."""
     folder = kitti / 'training' / 'label_2'
-    return [line.split() for i in ids
-            for line in (folder / f'{i:06d}.txt').read_text().splitlines()]
+    return [
+        line.split() for i in ids
+        for line in (folder / f'{i:06d}.txt').read_text().splitlines()
+    ]
 
 
 def test_files(data):
@@ -52,14 +54,16 @@ def test_files(data):
     assert len(list((coco / 'val2017').glob('*.jpg'))) == COCO_VAL
     n_training = KITTI_TRAIN + KITTI_VAL
     for sub, ext in (('velodyne', 'bin'), ('velodyne_reduced', 'bin'),
-                     ('calib', 'txt'), ('label_2', 'txt'),
-                     ('image_2', 'png'), ('planes', 'txt')):
+                     ('calib', 'txt'), ('label_2', 'txt'), ('image_2', 'png'),
+                     ('planes', 'txt')):
         assert len(list((kitti / 'training' / sub).glob(f'*.{ext}'))) == \
             n_training, sub
     for sub in ('velodyne', 'velodyne_reduced', 'calib', 'image_2'):
         assert len(list((kitti / 'testing' / sub).glob('*'))) == KITTI_TEST
-    sets = {name: (kitti / 'ImageSets' / f'{name}.txt').read_text().split()
-            for name in ('train', 'val', 'trainval', 'test')}
+    sets = {
+        name: (kitti / 'ImageSets' / f'{name}.txt').read_text().split()
+        for name in ('train', 'val', 'trainval', 'test')
+    }
     assert sets['train'] == [f'{i:06d}' for i in range(KITTI_TRAIN)]
     assert sets['val'] == [f'{i:06d}' for i in range(KITTI_TRAIN, n_training)]
     assert sets['trainval'] == sets['train'] + sets['val']
@@ -70,9 +74,13 @@ def test_files(data):
         len(labels)
     with open(kitti / 'kitti_dbinfos_train.pkl', 'rb') as f:
         db = pickle.load(f)
-    assert {k: len(v) for k, v in db.items()} == {
+    assert {
+        k: len(v)
+        for k, v in db.items()
+    } == {
         name: sum(lb[0] == name for lb in labels)
-        for name in ('Car', 'Pedestrian', 'Cyclist')}
+        for name in ('Car', 'Pedestrian', 'Cyclist')
+    }
     assert all(x['num_points_in_gt'] >= 5 for v in db.values() for x in v)
     for split, count in (('train', KITTI_TRAIN), ('val', KITTI_VAL),
                          ('trainval', n_training), ('test', KITTI_TEST)):
@@ -83,8 +91,9 @@ def test_files(data):
 def test_point_clouds(data):
     kitti = data / 'kitti'
     for i in range(KITTI_TRAIN + KITTI_VAL):
-        pts = np.fromfile(kitti / 'training' / 'velodyne' / f'{i:06d}.bin',
-                          dtype=np.float32).reshape(-1, 4)
+        pts = np.fromfile(
+            kitti / 'training' / 'velodyne' / f'{i:06d}.bin',
+            dtype=np.float32).reshape(-1, 4)
         assert 5_000 < len(pts) < 20_000
         lo, hi = np.array([0, -39.68, -3]), np.array([69.12, 39.68, 1])
         assert ((pts[:, :3] >= lo) & (pts[:, :3] <= hi)).all()
@@ -94,10 +103,12 @@ def test_point_clouds(data):
 
 def test_deterministic(tool, data, tmp_path):
     tool.make_coco(tmp_path / 'coco', COCO_TRAIN, COCO_VAL, seed=0)
-    tool.make_kitti_raw(tmp_path / 'kitti', KITTI_TRAIN, KITTI_VAL,
-                        KITTI_TEST, seed=0)
-    raw = [p.relative_to(tmp_path) for p in sorted(tmp_path.rglob('*'))
-           if p.is_file()]
+    tool.make_kitti_raw(
+        tmp_path / 'kitti', KITTI_TRAIN, KITTI_VAL, KITTI_TEST, seed=0)
+    raw = [
+        p.relative_to(tmp_path) for p in sorted(tmp_path.rglob('*'))
+        if p.is_file()
+    ]
     assert len(raw) == 2 + COCO_TRAIN + COCO_VAL + 5 * (
         KITTI_TRAIN + KITTI_VAL) + 3 * KITTI_TEST + 4
     for rel in raw:
@@ -110,10 +121,14 @@ def test_deterministic(tool, data, tmp_path):
 def test_skip_existing(tool, data, capsys):
     before = {p: p.stat().st_mtime_ns for p in data.rglob('*') if p.is_file()}
     assert tool.main(['--out', str(data)]) == {
-        'coco': str(data / 'coco'), 'kitti': str(data / 'kitti')}
+        'coco': str(data / 'coco'),
+        'kitti': str(data / 'kitti')
+    }
     assert capsys.readouterr().out.count('already there, skipped') == 2
-    assert {p: p.stat().st_mtime_ns
-            for p in data.rglob('*') if p.is_file()} == before
+    assert {
+        p: p.stat().st_mtime_ns
+        for p in data.rglob('*') if p.is_file()
+    } == before
 
 
 def test_progress_lines_and_help(tool, data, tmp_path, capsys):
@@ -122,9 +137,10 @@ def test_progress_lines_and_help(tool, data, tmp_path, capsys):
     (out / 'kitti').symlink_to(data / 'kitti')  # all there: skipped
     tool.make_sample_data(out, coco_images=3)
     printed = capsys.readouterr().out
-    assert re.search(r'^make_sample_data: COCO 3 train \+ 2 val images, '
-                     r'128-160 px, in \S+/coco \.\.\. done in \d+\.\d s$',
-                     printed, re.M), printed
+    assert re.search(
+        r'^make_sample_data: COCO 3 train \+ 2 val images, '
+        r'128-160 px, in \S+/coco \.\.\. done in \d+\.\d s$', printed,
+        re.M), printed
     assert printed.count('already there, skipped') == 1
     with pytest.raises(SystemExit) as exit_:
         tool.main(['--help'])
@@ -135,8 +151,9 @@ def test_progress_lines_and_help(tool, data, tmp_path, capsys):
                             ('--coco-size MIN MAX', '[128, 160]'),
                             ('--kitti-frames', '6'), ('--seed', '0')):
         # every option has a help text, which names its default
-        help_ = re.search(rf'{re.escape(option)}(?: \w+)? (\w[^-]*?) '
-                          rf'\(default: ([^)]*)\)', text)
+        help_ = re.search(
+            rf'{re.escape(option)}(?: \w+)? (\w[^-]*?) '
+            rf'\(default: ([^)]*)\)', text)
         assert help_ and help_.group(2).startswith(default), (option, text)
     assert re.search(r'--skip-existing, --no-skip-existing leave a set alone',
                      text), text
@@ -146,24 +163,26 @@ def test_coco_size_option_and_remake(tool, tmp_path, capsys):
     """--coco-size sets the image sides; another size makes the set again."""
     out = tmp_path / 'big'
     tool.make_coco(out / 'coco', 3, 2, seed=0, size=(480, 640))
-    doc = json.loads((out / 'coco/annotations/instances_train2017.json')
-                     .read_text())
-    sides = [v for img in doc['images']
-             for v in (img['width'], img['height'])]
+    doc = json.loads(
+        (out / 'coco/annotations/instances_train2017.json').read_text())
+    sides = [v for img in doc['images'] for v in (img['width'], img['height'])]
     assert all(480 <= v <= 640 for v in sides) and len(set(sides)) > 1
     import cv2
     first = doc['images'][0]
     shape = cv2.imread(str(out / 'coco/train2017' / first['file_name'])).shape
     assert shape[:2] == (first['height'], first['width'])
-    assert doc['info']['made_with'] == {'train_images': 3,
-                                        'size': [480, 640], 'seed': 0}
+    assert doc['info']['made_with'] == {
+        'train_images': 3,
+        'size': [480, 640],
+        'seed': 0
+    }
     # the same request is skipped, another size or count is not
     made_with = tool._coco_made_with(3, (480, 640), 0)
     assert tool._coco_is(out / 'coco', made_with)
-    assert not tool._coco_is(out / 'coco', tool._coco_made_with(
-        3, (128, 160), 0))
-    assert not tool._coco_is(out / 'coco', tool._coco_made_with(
-        4, (480, 640), 0))
+    assert not tool._coco_is(out / 'coco',
+                             tool._coco_made_with(3, (128, 160), 0))
+    assert not tool._coco_is(out / 'coco',
+                             tool._coco_made_with(4, (480, 640), 0))
     with pytest.raises(ValueError, match='--coco-size'):
         tool.make_coco(out / 'bad', 1, 1, seed=0, size=(640, 480))
 
@@ -173,7 +192,9 @@ def coco_dataset(data: Path, split: str):
     return CocoDataset(
         data_root=str(data / 'coco'),
         ann_file=f'annotations/instances_{split}.json',
-        data_prefix=dict(img=f'{split}/'), pipeline=[], test_mode=True)
+        data_prefix=dict(img=f'{split}/'),
+        pipeline=[],
+        test_mode=True)
 
 
 def test_coco_dataset_and_metric(tool, data):
@@ -181,18 +202,20 @@ def test_coco_dataset_and_metric(tool, data):
     from mmdet.evaluation import CocoMetric
     for split, count in (('train2017', COCO_TRAIN), ('val2017', COCO_VAL)):
         ds = coco_dataset(data, split)
-        doc = json.loads(
-            (data / 'coco' / 'annotations' / f'instances_{split}.json')
-            .read_text())
+        doc = json.loads((data / 'coco' / 'annotations' /
+                          f'instances_{split}.json').read_text())
         assert len(ds) == count
-        assert [c['id'] for c in doc['categories']] == list(
-            tool.COCO_CATEGORY_IDS)
-        assert [c['name'] for c in doc['categories']] == list(
-            ds.metainfo['classes'])
-        assert sum(len(ds.get_data_info(i)['instances'])
-                   for i in range(len(ds))) == len(doc['annotations']) > count
-        colours = {ds.metainfo['classes'].index(name): colour
-                   for name, _, colour, _ in tool.COCO_SHAPES}
+        assert [c['id']
+                for c in doc['categories']] == list(tool.COCO_CATEGORY_IDS)
+        assert [c['name']
+                for c in doc['categories']] == list(ds.metainfo['classes'])
+        assert sum(
+            len(ds.get_data_info(i)['instances'])
+            for i in range(len(ds))) == len(doc['annotations']) > count
+        colours = {
+            ds.metainfo['classes'].index(name): colour
+            for name, _, colour, _ in tool.COCO_SHAPES
+        }
         for i in range(len(ds)):
             info = ds.get_data_info(i)
             img = cv2.imread(info['img_path'])
@@ -207,19 +230,23 @@ def test_coco_dataset_and_metric(tool, data):
                     .max() < 30, 'the box does not hold its drawn object'
     # Ground truth as predictions: a consistent file scores exactly 1.
     ds = coco_dataset(data, 'val2017')
-    metric = CocoMetric(ann_file=str(
-        data / 'coco' / 'annotations' / 'instances_val2017.json'))
+    metric = CocoMetric(
+        ann_file=str(data / 'coco' / 'annotations' / 'instances_val2017.json'))
     metric.dataset_meta = ds.metainfo
     for i in range(len(ds)):
         info = ds.get_data_info(i)
         boxes = torch.tensor([x['bbox'] for x in info['instances']],
                              dtype=torch.float32)
-        metric.process({}, [dict(
-            img_id=info['img_id'], ori_shape=(info['height'], info['width']),
-            pred_instances=dict(
-                bboxes=boxes, scores=torch.ones(len(boxes)),
-                labels=torch.tensor([x['bbox_label']
-                                     for x in info['instances']])))])
+        metric.process({}, [
+            dict(
+                img_id=info['img_id'],
+                ori_shape=(info['height'], info['width']),
+                pred_instances=dict(
+                    bboxes=boxes,
+                    scores=torch.ones(len(boxes)),
+                    labels=torch.tensor(
+                        [x['bbox_label'] for x in info['instances']])))
+        ])
     result = metric.evaluate(len(ds))
     assert result['coco/bbox_mAP'] == 1.0
     assert result['coco/bbox_mAP_50'] == 1.0
@@ -231,8 +258,8 @@ def test_yolox_train_pipeline(data):
     register_all_modules()
     cfg = copy.deepcopy(get_config(YOLOX).train_dataloader.dataset)
     assert cfg.type == 'MultiImageMixDataset'
-    assert [t.type for t in cfg.pipeline][:3] == ['Mosaic', 'RandomAffine',
-                                                  'MixUp']
+    assert [t.type
+            for t in cfg.pipeline][:3] == ['Mosaic', 'RandomAffine', 'MixUp']
     cfg.dataset.data_root = str(data / 'coco') + '/'
     ds = DATASETS.build(cfg)
     assert len(ds) == COCO_TRAIN
@@ -242,8 +269,8 @@ def test_yolox_train_pipeline(data):
         sample = ds[i]
         assert sample['inputs'].shape == (3, 640, 640)
         boxes = sample['data_samples'].gt_instances.bboxes.tensor
-        assert ((boxes[:, 2:] > boxes[:, :2]).all()
-                and (boxes >= 0).all() and (boxes <= 640).all())
+        assert ((boxes[:, 2:] > boxes[:, :2]).all() and (boxes >= 0).all()
+                and (boxes <= 640).all())
         num_boxes.append(len(boxes))
     assert max(num_boxes) > 0
 
@@ -267,7 +294,8 @@ def car_train_cfg(data: Path, sampler: str):
     (sample, ) = [t for t in ds.pipeline if t.type == 'ObjectSample']
     assert sample.use_ground_plane  # needs the planes/ files
     sample.db_sampler.update(
-        type=sampler, data_root=ds.data_root,
+        type=sampler,
+        data_root=ds.data_root,
         info_path=ds.data_root + 'kitti_dbinfos_train.pkl')
     return ds
 
@@ -287,15 +315,15 @@ def test_kitti_dataset(data):
     labels = kitti_labels(data / 'kitti',
                           range(KITTI_TRAIN, KITTI_TRAIN + KITTI_VAL))
     assert len(ds) == KITTI_VAL
-    assert sum(len(ds.get_data_info(i)['eval_ann_info']['gt_bboxes_3d'])
-               for i in range(len(ds))) == sum(lb[0] == 'Car' for lb in labels)
+    assert sum(
+        len(ds.get_data_info(i)['eval_ann_info']['gt_bboxes_3d'])
+        for i in range(len(ds))) == sum(lb[0] == 'Car' for lb in labels)
     sample = ds[0]
     assert sample['inputs']['points'].shape[1] == 4
     with open(data / 'kitti' / 'kitti_infos_val.pkl', 'rb') as f:
         infos = pickle.load(f)['data_list']
     for info in infos:
-        for inst, cam in zip(info['instances'],
-                             info['cam_instances']['CAM2']):
+        for inst, cam in zip(info['instances'], info['cam_instances']['CAM2']):
             # upstream's own projection of the 3D box = the label's 2D box
             np.testing.assert_allclose(inst['bbox'], cam['bbox'], atol=0.006)
             assert inst['difficulty'] in (0, 1)
@@ -304,9 +332,11 @@ def test_kitti_dataset(data):
 
 def test_object_sample(data):
     """ObjectSample adds database Cars (the project's fixed sampler)."""
-    import fast_parallel.contrib.db_sampler  # noqa: F401  registers the sampler
     from mmdet3d.registry import DATASETS
     from mmdet3d.utils import register_all_modules
+
+    # registers the sampler
+    import fast_parallel.contrib.db_sampler  # noqa: F401
     register_all_modules()
     ds = DATASETS.build(car_train_cfg(data, 'DataBaseSamplerNp124'))
     seed_everything()
@@ -323,10 +353,12 @@ def test_object_sample(data):
     assert sum(lb[0] == 'Car' for lb in labels) > KITTI_TRAIN
 
 
-@pytest.mark.xfail(NUMPY_WITHOUT_LONG, raises=AttributeError,
-                   strict=True,
-                   reason='mmdet3d 1.4.0 DataBaseSampler uses np.long, gone '
-                   'in numpy 1.24..1.26 (open-mmlab/mmdetection3d#2821)')
+@pytest.mark.xfail(
+    NUMPY_WITHOUT_LONG,
+    raises=AttributeError,
+    strict=True,
+    reason='mmdet3d 1.4.0 DataBaseSampler uses np.long, gone '
+    'in numpy 1.24..1.26 (open-mmlab/mmdetection3d#2821)')
 def test_stock_object_sample(data):
     from mmdet3d.registry import DATASETS
     from mmdet3d.utils import register_all_modules

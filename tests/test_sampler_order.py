@@ -28,10 +28,10 @@ def ann_files(tmp_path_factory) -> Dict[str, str]:
 
 def registered_samplers() -> set:
     """Every class name in the three DATA_SAMPLERS registries."""
-    from mmdet.registry import DATA_SAMPLERS as MMDET_SAMPLERS
-    from mmdet.utils import register_all_modules as mmdet_modules
     from mmdet3d.registry import DATA_SAMPLERS as MMDET3D_SAMPLERS
     from mmdet3d.utils import register_all_modules as mmdet3d_modules
+    from mmdet.registry import DATA_SAMPLERS as MMDET_SAMPLERS
+    from mmdet.utils import register_all_modules as mmdet_modules
     mmdet_modules(init_default_scope=False)
     mmdet3d_modules(init_default_scope=False)
     names = set()
@@ -55,8 +55,8 @@ def stock_run(files, tmp_path, case: str, loop: str,
     main process without workers, from seeded workers with them)."""
     key = case, loop, workers
     if key not in _stock_cache:
-        _stock_cache[key] = train(files, tmp_path / 'stock', case, loop,
-                                  workers, fast=False)
+        _stock_cache[key] = train(
+            files, tmp_path / 'stock', case, loop, workers, fast=False)
     return _stock_cache[key]
 
 
@@ -78,26 +78,26 @@ def test_fast_trains_on_stock_batches(ann_files, tmp_path, case, loop,
         assert fast.packed == len(fast.batches) > 0
 
 
-@pytest.mark.parametrize('case', ['AspectRatioBatchSampler',
-                                  'MultiSourceSampler'])
+@pytest.mark.parametrize('case',
+                         ['AspectRatioBatchSampler', 'MultiSourceSampler'])
 def test_non_persistent_workers(ann_files, tmp_path, case):
     stock = stock_run(ann_files, tmp_path, case, 'iter', 2)
-    fast = train(ann_files, tmp_path / 'fast', case, 'iter', 2, True,
-                 persistent=False)
+    fast = train(
+        ann_files, tmp_path / 'fast', case, 'iter', 2, True, persistent=False)
     assert_same_batches(stock, fast)
     assert fast.packed == len(fast.batches)
 
 
-@pytest.mark.parametrize('case', ['AspectRatioBatchSampler',
-                                  'InfiniteSampler'])
+@pytest.mark.parametrize('case',
+                         ['AspectRatioBatchSampler', 'InfiniteSampler'])
 def test_iteration_loop_past_one_pass(ann_files, tmp_path, case):
     """Past the end of the data: mmengine restarts a finite (rebuilt)
     loader; an InfiniteSampler goes on drawing."""
     iters = NUM_IMAGES // 2 + 3
-    stock = train(ann_files, tmp_path / 'stock', case, 'iter', 2, False,
-                  iters=iters)
-    fast = train(ann_files, tmp_path / 'fast', case, 'iter', 2, True,
-                 iters=iters)
+    stock = train(
+        ann_files, tmp_path / 'stock', case, 'iter', 2, False, iters=iters)
+    fast = train(
+        ann_files, tmp_path / 'fast', case, 'iter', 2, True, iters=iters)
     assert len(fast.batches) == iters
     assert_same_batches(stock, fast)
 

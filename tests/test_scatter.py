@@ -6,9 +6,9 @@ import torch
 from helpers import assert_same_tree
 from mmengine.dataset import default_collate, pseudo_collate
 
+from fast_parallel.bench.synthetic import yolox_samples
 from fast_parallel.wrappers import (batch_size_of, chunk_sizes,
                                     gather_log_vars, split_batch)
-from fast_parallel.bench.synthetic import yolox_samples
 
 
 @pytest.mark.parametrize('batch,n', [(8, 2), (8, 3), (7, 4), (3, 8), (1, 2),
@@ -59,8 +59,9 @@ def test_gathered_loss_is_the_chunk_size_weighted_mean():
     per_sample = torch.tensor([1., 2., 3., 4., 10.], requires_grad=True)
     sizes = [3, 2]
     chunks = [per_sample[:3], per_sample[3:]]
-    log_vars = [OrderedDict(loss=c.mean(), loss_cls=2 * c.mean())
-                for c in chunks]
+    log_vars = [
+        OrderedDict(loss=c.mean(), loss_cls=2 * c.mean()) for c in chunks
+    ]
     out = gather_log_vars(log_vars, sizes, torch.device('cpu'))
     assert list(out) == ['loss', 'loss_cls']
     assert torch.allclose(out['loss'], per_sample.mean())

@@ -27,8 +27,11 @@ Z = [-0.6, -0.6, -1.78]
 SMALL_MAP = (24, 20)  # the properties below do not depend on the map size
 FULL_MAP = (248, 216)  # the KITTI car recipe's feature map
 CUDA = torch.cuda.is_available()
-DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not CUDA, reason='needs CUDA'))]
+DEVICES = [
+    'cpu',
+    pytest.param(
+        'cuda', marks=pytest.mark.skipif(not CUDA, reason='needs CUDA'))
+]
 
 
 @functools.lru_cache(maxsize=None)
@@ -43,12 +46,12 @@ def build_head(name: str, assigner: Optional[dict] = None, **head_changes):
     from mmdet3d.registry import MODELS
     cfg = _config(name)
     train_cfg = copy.deepcopy(cfg.model.train_cfg)
-    for one in (train_cfg.assigner if isinstance(train_cfg.assigner, list)
-                else [train_cfg.assigner]):
+    for one in (train_cfg.assigner if isinstance(train_cfg.assigner, list) else
+                [train_cfg.assigner]):
         one.update(assigner or {})
     head_cfg = copy.deepcopy(cfg.model.bbox_head)
-    head_cfg.update(train_cfg=train_cfg, test_cfg=cfg.model.test_cfg,
-                    **head_changes)
+    head_cfg.update(
+        train_cfg=train_cfg, test_cfg=cfg.model.test_cfg, **head_changes)
     return MODELS.build(head_cfg)
 
 
@@ -88,9 +91,12 @@ def _boxes(rng: random.Random, n: int, num_classes: int, kind: str,
     return torch.tensor(rows).view(-1, 7), torch.tensor(labels).long()
 
 
-def make_sample(rng: random.Random, n: int, num_classes: int,
-                anchors: torch.Tensor, kinds: Sequence[str] = (
-                    'random', 'random', 'edge', 'aligned', 'dup')):
+def make_sample(rng: random.Random,
+                n: int,
+                num_classes: int,
+                anchors: torch.Tensor,
+                kinds: Sequence[str] = ('random', 'random', 'edge', 'aligned',
+                                        'dup')):
     """One sample's gt InstanceData: ``n`` boxes of mixed kinds."""
     from mmdet3d.structures import LiDARInstance3DBoxes
     parts, labels, left = [], [], n
@@ -106,28 +112,42 @@ def make_sample(rng: random.Random, n: int, num_classes: int,
         left -= k
     boxes = torch.cat(parts) if parts else torch.zeros(0, 7)
     cls = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
-    order = torch.randperm(len(boxes), generator=torch.Generator().manual_seed(
-        rng.randrange(2**31)))  # duplicates interleaved with others
-    return InstanceData(bboxes_3d=LiDARInstance3DBoxes(boxes[order]),
-                        labels_3d=cls[order])
+    order = torch.randperm(
+        len(boxes),
+        generator=torch.Generator().manual_seed(rng.randrange(
+            2**31)))  # duplicates interleaved with others
+    return InstanceData(
+        bboxes_3d=LiDARInstance3DBoxes(boxes[order]), labels_3d=cls[order])
 
 
-def make_batch(seed: int, head, anchors: torch.Tensor,
-               counts: Optional[List[int]] = None, **kw) -> list:
+def make_batch(seed: int,
+               head,
+               anchors: torch.Tensor,
+               counts: Optional[List[int]] = None,
+               **kw) -> list:
     """A seeded batch: 1..6 samples of 0, 1, a few or over 100 gts."""
     rng = random.Random(seed)
     if counts is None:
         size = rng.choice([1, 2, 3, 6])
-        counts = [rng.choice([0, 1, rng.randint(2, 20), rng.randint(2, 20),
-                              rng.randint(101, 115) if seed % 4 == 0 else 3])
-                  for _ in range(size)]
-    return [make_sample(rng, n, head.num_classes, anchors, **kw)
-            for n in counts]
+        counts = [
+            rng.choice([
+                0, 1,
+                rng.randint(2, 20),
+                rng.randint(2, 20),
+                rng.randint(101, 115) if seed % 4 == 0 else 3
+            ]) for _ in range(size)
+        ]
+    return [
+        make_sample(rng, n, head.num_classes, anchors, **kw) for n in counts
+    ]
 
 
 def _to(batch: list, device: str) -> list:
-    return [InstanceData(bboxes_3d=x.bboxes_3d.to(device),
-                         labels_3d=x.labels_3d.to(device)) for x in batch]
+    return [
+        InstanceData(
+            bboxes_3d=x.bboxes_3d.to(device), labels_3d=x.labels_3d.to(device))
+        for x in batch
+    ]
 
 
 def assert_same(ref, out) -> None:
@@ -136,8 +156,8 @@ def assert_same(ref, out) -> None:
     for ref_levels, out_levels in zip(ref[:6], out[:6]):
         assert len(ref_levels) == len(out_levels)
         for a, b in zip(ref_levels, out_levels):
-            assert (a.dtype, a.shape, a.stride(), a.device) == (
-                b.dtype, b.shape, b.stride(), b.device)
+            assert (a.dtype, a.shape, a.stride(),
+                    a.device) == (b.dtype, b.shape, b.stride(), b.device)
             if a.is_floating_point():  # bitwise, -0.0 and NaN included
                 a, b = a.view(torch.int32), b.view(torch.int32)
             assert torch.equal(a, b)
@@ -145,7 +165,10 @@ def assert_same(ref, out) -> None:
     assert ref[6:] == out[6:]
 
 
-def run_both(head, batch: list, featmap=SMALL_MAP, device: str = 'cpu',
+def run_both(head,
+             batch: list,
+             featmap=SMALL_MAP,
+             device: str = 'cpu',
              ignore: Optional[list] = None):
     """Stock's and the batched targets of one batch (inputs copied)."""
     batch = _to(batch, device)
@@ -154,14 +177,15 @@ def run_both(head, batch: list, featmap=SMALL_MAP, device: str = 'cpu',
     args = (metas, copy.deepcopy(ignore), 1, head.num_classes, False)
     ref = head.anchor_target_3d([mlvl for _ in batch], copy.deepcopy(batch),
                                 *args)
-    out, num_stock = anchor_target_3d_batched(
-        head, [mlvl for _ in batch], copy.deepcopy(batch), *args)
+    out, num_stock = anchor_target_3d_batched(head, [mlvl for _ in batch],
+                                              copy.deepcopy(batch), *args)
     return ref, out, num_stock
 
 
 def flat_anchors(head, featmap=SMALL_MAP) -> torch.Tensor:
-    return torch.cat(head.prior_generator.grid_anchors(
-        [featmap], device='cpu')).reshape(-1, 7)
+    return torch.cat(
+        head.prior_generator.grid_anchors([featmap],
+                                          device='cpu')).reshape(-1, 7)
 
 
 # ------------------------------------------------------------- coverage ---
@@ -183,8 +207,11 @@ def test_what_is_not_covered_says_why():
     assert 'BboxOverlapsNearest3D' in anchor3d_supported(head)
     head = copy.deepcopy(head_of(THREE))
     head.bbox_assigner[1] = TASK_UTILS.build(
-        dict(type='mmdet.MaxIoUAssigner', pos_iou_thr=0.5, neg_iou_thr=0.3,
-             iou_calculator=dict(type='mmdet.BboxOverlaps2D')))
+        dict(
+            type='mmdet.MaxIoUAssigner',
+            pos_iou_thr=0.5,
+            neg_iou_thr=0.3,
+            iou_calculator=dict(type='mmdet.BboxOverlaps2D')))
     assert 'Max3DIoUAssigner' in anchor3d_supported(head)
     head = copy.deepcopy(head_of(CAR))
     head.__class__ = type('MyHead', (Anchor3DHead, ), {})
@@ -229,8 +256,8 @@ VARIANTS = {
     # every gt takes all anchors at its max IoU, even 0: the overwrite
     # order of the gts decides nearly every anchor
     'min_pos_0': (CAR, dict(assigner=dict(min_pos_iou=0.0))),
-    'min_pos_0_argmax': (CAR, dict(assigner=dict(
-        min_pos_iou=0.0, gt_max_assign_all=False))),
+    'min_pos_0_argmax':
+    (CAR, dict(assigner=dict(min_pos_iou=0.0, gt_max_assign_all=False))),
     'all_gts_per_class': (THREE, dict(assign_per_class=False)),
     '3class_min_pos_0': (THREE, dict(assigner=dict(min_pos_iou=0.0))),
 }
@@ -263,14 +290,15 @@ def test_ties_resolve_like_stock(seed):
     rng = torch.Generator().manual_seed(seed)
     counts = [0, 1, 5, 17][:1 + seed % 4]
     num_anchors, num_gts = 50, max(max(counts), 1)
-    overlaps = torch.randint(0, 5, (len(counts), num_gts, num_anchors),
-                             generator=rng).float() / 4
+    overlaps = torch.randint(
+        0, 5, (len(counts), num_gts, num_anchors), generator=rng).float() / 4
     valid = torch.arange(num_gts)[None] < torch.tensor(counts)[:, None]
     from mmdet3d.registry import TASK_UTILS
-    for changes in (dict(), dict(min_pos_iou=0.0), dict(
-            gt_max_assign_all=False), dict(neg_iou_thr=(0.25, 0.5))):
-        assigner = TASK_UTILS.build(dict(
-            _config(CAR).model.train_cfg.assigner, **changes))
+    for changes in (dict(),
+                    dict(min_pos_iou=0.0), dict(gt_max_assign_all=False),
+                    dict(neg_iou_thr=(0.25, 0.5))):
+        assigner = TASK_UTILS.build(
+            dict(_config(CAR).model.train_cfg.assigner, **changes))
         got = anchor3d._assign(assigner, overlaps, valid)
         for i, n in enumerate(counts):
             if n == 0:
@@ -297,8 +325,8 @@ def test_full_feature_map_car(device):
 @pytest.mark.parametrize('device', DEVICES)
 def test_full_feature_map_3class(device):
     head = head_of(THREE)
-    batch = make_batch(11, head, flat_anchors(head, FULL_MAP),
-                       counts=[15, 0, 6])
+    batch = make_batch(
+        11, head, flat_anchors(head, FULL_MAP), counts=[15, 0, 6])
     batch[2].labels_3d = torch.zeros_like(batch[2].labels_3d)  # peds only
     ref, out, num_stock = run_both(head, batch, FULL_MAP, device)
     assert num_stock == 0
@@ -347,16 +375,18 @@ def test_installed_on_the_instance_falls_back_without_recursion():
     batch = make_batch(12, head, flat_anchors(head), counts=[4, 6])
     mlvl = head.prior_generator.grid_anchors([SMALL_MAP], device='cpu')
     args = ([{}, {}], None, 1, 1, False)
-    ref = type(head).anchor_target_3d(head, [mlvl, mlvl],
-                                      copy.deepcopy(batch), *args)
+    ref = type(head).anchor_target_3d(head, [mlvl, mlvl], copy.deepcopy(batch),
+                                      *args)
     for anchor_list in ([mlvl, mlvl], [mlvl, [a.clone() for a in mlvl]]):
         out = head.anchor_target_3d(anchor_list, copy.deepcopy(batch), *args)
         assert_same(ref, out)
 
 
 def test_cpu_log_loops_that_differ_take_the_stock_path(monkeypatch):
+
     def differ(name):
         raise anchor3d.PathModelError(f'{name}: vector and scalar differ')
+
     monkeypatch.setattr(anchor3d, 'require_same_paths', differ)
     head = head_of(CAR)
     batch = make_batch(8, head, flat_anchors(head), counts=[3, 0, 5])
@@ -384,12 +414,13 @@ def test_inputs_change_as_stock_changes_them():
         batch = make_batch(6, head, flat_anchors(head), counts=[2, 0])
         mlvl = head.prior_generator.grid_anchors([SMALL_MAP], device='cpu')
         seen = []
-        for fn in (head.anchor_target_3d, functools.partial(
-                anchor_target_3d_batched, head)):
+        for fn in (head.anchor_target_3d,
+                   functools.partial(anchor_target_3d_batched, head)):
             anchor_list, gts = [mlvl, mlvl], copy.deepcopy(batch)
             fn(anchor_list, gts, [{}, {}], None, 1, head.num_classes, False)
-            seen.append(([type(a) for a in anchor_list],
-                         [type(x.bboxes_3d) for x in gts]))
+            seen.append(
+                ([type(a)
+                  for a in anchor_list], [type(x.bboxes_3d) for x in gts]))
         assert seen[0] == seen[1]
 
 
@@ -426,8 +457,8 @@ def test_op_figures_car_full_map(capsys):
     _count(batched, head, [1])  # warm-up: the once-per-process CPU check
     rows = []
     for counts in ([10], [10, 9, 11, 10, 12, 8]):
-        for arm, fn in (('stock', head.anchor_target_3d),
-                        ('batched', batched)):
+        for arm, fn in (('stock', head.anchor_target_3d), ('batched',
+                                                           batched)):
             c = _count(fn, head, counts, FULL_MAP)
             rows.append(f'batch {len(counts)} {arm}: {c.total} ops, '
                         f"{c.ops['_local_scalar_dense']} .item()")

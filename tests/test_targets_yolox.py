@@ -23,17 +23,27 @@ from fast_parallel.step.targets.yolox import (assign_batch, prior_scores,
                                               yolox_supported, yolox_targets)
 
 register_all_modules()
-DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason='needs CUDA'))]
+DEVICES = [
+    'cpu',
+    pytest.param(
+        'cuda',
+        marks=pytest.mark.skipif(
+            not torch.cuda.is_available(), reason='needs CUDA'))
+]
 CASES_PER_TEST = 10
 
 
 def _head(num_classes: int = 80, **assigner) -> torch.nn.Module:
     """The yolox-tiny head of mmdet's config, with ``num_classes``."""
-    return MODELS.build(dict(
-        type='YOLOXHead', num_classes=num_classes, in_channels=96,
-        feat_channels=96, train_cfg=dict(assigner=dict(
-            type='SimOTAAssigner', center_radius=2.5, **assigner))))
+    return MODELS.build(
+        dict(
+            type='YOLOXHead',
+            num_classes=num_classes,
+            in_channels=96,
+            feat_channels=96,
+            train_cfg=dict(
+                assigner=dict(
+                    type='SimOTAAssigner', center_radius=2.5, **assigner))))
 
 
 HEADS = {80: _head(80), 3: _head(3)}
@@ -41,8 +51,9 @@ HEADS = {80: _head(80), 3: _head(3)}
 
 def _priors(head, height: int, width: int, device: str) -> torch.Tensor:
     sizes = [(height // s, width // s) for s in (8, 16, 32)]
-    return torch.cat(head.prior_generator.grid_priors(
-        sizes, dtype=torch.float32, device=device, with_stride=True))
+    return torch.cat(
+        head.prior_generator.grid_priors(
+            sizes, dtype=torch.float32, device=device, with_stride=True))
 
 
 def _gts(rng: random.Random, gen: torch.Generator, num: int, height: int,
@@ -51,8 +62,9 @@ def _gts(rng: random.Random, gen: torch.Generator, num: int, height: int,
     cxy = torch.rand(num, 2, generator=gen) * torch.tensor([width, height])
     wh = torch.exp(torch.rand(num, 2, generator=gen) * 5.5) + 1
     boxes = torch.cat([cxy - wh / 2, cxy + wh / 2], 1)
-    boxes = torch.min(boxes.clamp(min=0), torch.tensor(
-        [width, height, width, height], dtype=torch.float32))
+    boxes = torch.min(
+        boxes.clamp(min=0),
+        torch.tensor([width, height, width, height], dtype=torch.float32))
     labels = torch.randint(0, num_classes, (num, ), generator=gen)
     if kind == 'edge' and num:  # boxes on the image border
         boxes[:, 0] = 0.
@@ -72,16 +84,17 @@ def _gts(rng: random.Random, gen: torch.Generator, num: int, height: int,
     return InstanceData(bboxes=boxes, labels=labels)
 
 
-def _predictions(gen: torch.Generator, priors: torch.Tensor,
-                 gts: List[InstanceData], num_classes: int, tie: List[bool]
-                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _predictions(
+        gen: torch.Generator, priors: torch.Tensor, gts: List[InstanceData],
+        num_classes: int,
+        tie: List[bool]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Logits through sigmoid and boxes near the ground truths."""
     num_imgs, num_priors = len(gts), priors.shape[0]
     cls = torch.randn(num_imgs, num_priors, num_classes, generator=gen) * 3
     obj = torch.randn(num_imgs, num_priors, generator=gen) * 3
     ctr = priors[:, :2] + priors[:, 2:] * 0.5
-    side = priors[:, 2:] * torch.exp(torch.randn(
-        num_imgs, num_priors, 2, generator=gen))
+    side = priors[:, 2:] * torch.exp(
+        torch.randn(num_imgs, num_priors, 2, generator=gen))
     boxes = torch.cat([ctr - side, ctr + side], -1)
     for i, gt in enumerate(gts):
         if len(gt) == 0:
@@ -108,16 +121,18 @@ def make_case(seed: int, device: str = 'cpu'):
     num_imgs = rng.randint(1, 4)
     gts, tie = [], []
     for _ in range(num_imgs):
-        num = rng.choice([0, 1, 1, 3, 8, 20, 120 if height * width <=
-                          256 * 256 else 30])
-        kind = rng.choice(['plain'] * 6 + ['edge', 'far', 'corner', 'dup',
-                                           'dup_label', 'tie'])
+        num = rng.choice(
+            [0, 1, 1, 3, 8, 20, 120 if height * width <= 256 * 256 else 30])
+        kind = rng.choice(['plain'] * 6 +
+                          ['edge', 'far', 'corner', 'dup', 'dup_label', 'tie'])
         gts.append(_gts(rng, gen, num, height, width, num_classes, kind))
         tie.append(kind == 'tie' and num > 0)
     priors = _priors(head, height, width, 'cpu')
     cls, obj, boxes = _predictions(gen, priors, gts, num_classes, tie)
-    gts = [InstanceData(bboxes=g.bboxes.to(device), labels=g.labels.to(
-        device)) for g in gts]
+    gts = [
+        InstanceData(bboxes=g.bboxes.to(device), labels=g.labels.to(device))
+        for g in gts
+    ]
     return (head, priors.to(device), cls.to(device), boxes.to(device),
             obj.to(device), gts, tie)
 
@@ -173,13 +188,17 @@ def test_constructed_ties_fall_back(device: str) -> None:
     priors = _priors(head, 128, 160, device)
     gen = torch.Generator().manual_seed(1)
     box = torch.tensor([[30., 40., 90., 100.]])
-    gts = [InstanceData(bboxes=box, labels=torch.tensor([3])),
-           InstanceData(bboxes=box.repeat(2, 1), labels=torch.tensor([5, 5])),
-           InstanceData(bboxes=box + 7, labels=torch.tensor([1]))]
+    gts = [
+        InstanceData(bboxes=box, labels=torch.tensor([3])),
+        InstanceData(bboxes=box.repeat(2, 1), labels=torch.tensor([5, 5])),
+        InstanceData(bboxes=box + 7, labels=torch.tensor([1]))
+    ]
     cls, obj, boxes = _predictions(gen, priors.cpu(), gts, 80,
                                    [True, False, False])
-    gts = [InstanceData(bboxes=g.bboxes.to(device),
-                        labels=g.labels.to(device)) for g in gts]
+    gts = [
+        InstanceData(bboxes=g.bboxes.to(device), labels=g.labels.to(device))
+        for g in gts
+    ]
     args = (priors, cls.to(device), boxes.to(device), obj.to(device), gts)
     fast, fallbacks = yolox_targets(head, *args, [{}] * 3)
     assert_same(stock_targets(head, *args), fast, 'ties')
@@ -194,16 +213,19 @@ def test_no_ground_truth_and_no_valid_prior(device: str) -> None:
     gen = torch.Generator().manual_seed(2)
     far = torch.tensor([[-900., -900., -880., -870.]])
     for boxes_per_image in ([0, 0], [0, 1], [far, 0], [far, 1, 0]):
-        gts = [_gts(random.Random(0), gen, b, 96, 64, 80, 'plain')
-               if isinstance(b, int) else InstanceData(
-                   bboxes=b, labels=torch.tensor([7]))
-               for b in boxes_per_image]
+        gts = [
+            _gts(random.Random(0), gen, b, 96, 64, 80, 'plain') if isinstance(
+                b, int) else InstanceData(bboxes=b, labels=torch.tensor([7]))
+            for b in boxes_per_image
+        ]
         cls, obj, boxes = _predictions(gen, priors.cpu(), gts, 80,
                                        [False] * len(gts))
-        gts = [InstanceData(bboxes=g.bboxes.to(device),
-                            labels=g.labels.to(device)) for g in gts]
-        args = (priors, cls.to(device), boxes.to(device), obj.to(device),
-                gts)
+        gts = [
+            InstanceData(
+                bboxes=g.bboxes.to(device), labels=g.labels.to(device))
+            for g in gts
+        ]
+        args = (priors, cls.to(device), boxes.to(device), obj.to(device), gts)
         fast, fallbacks = yolox_targets(head, *args, [{}] * len(gts))
         assert_same(stock_targets(head, *args), fast, str(boxes_per_image))
         assert fallbacks == 0
@@ -223,8 +245,9 @@ def test_priors_repeated_per_image() -> None:
         repeated = priors.unsqueeze(0).repeat(len(gts), 1, 1)
         fast, _ = yolox_targets(head, repeated, cls, boxes, obj, gts,
                                 [{}] * len(gts))
-        assert_same(stock_targets(head, priors, cls, boxes, obj, gts), fast,
-                    f'seed {seed}')
+        assert_same(
+            stock_targets(head, priors, cls, boxes, obj, gts), fast,
+            f'seed {seed}')
 
 
 def test_uncovered_batches_take_the_stock_path() -> None:
@@ -239,8 +262,9 @@ def test_uncovered_batches_take_the_stock_path() -> None:
     fast, fallbacks = yolox_targets(head, priors, strided, boxes, obj, gts,
                                     metas)
     assert fallbacks == num_imgs
-    assert_same(stock_targets(head, priors, strided, boxes, obj, gts), fast,
-                'non-contiguous')
+    assert_same(
+        stock_targets(head, priors, strided, boxes, obj, gts), fast,
+        'non-contiguous')
 
 
 def test_supported() -> None:
@@ -250,13 +274,15 @@ def test_supported() -> None:
     class MyHead(type(_head())):
         pass
 
-    sub = MyHead(num_classes=80, in_channels=96, train_cfg=dict(
-        assigner=dict(type='SimOTAAssigner')))
+    sub = MyHead(
+        num_classes=80,
+        in_channels=96,
+        train_cfg=dict(assigner=dict(type='SimOTAAssigner')))
     assert 'not YOLOXHead' in yolox_supported(sub)
-    assert 'BboxOverlaps2D' in yolox_supported(_head(iou_calculator=dict(
-        type='BboxOverlaps2D', dtype='fp16')))
-    no_train = MODELS.build(dict(type='YOLOXHead', num_classes=80,
-                                 in_channels=96))
+    assert 'BboxOverlaps2D' in yolox_supported(
+        _head(iou_calculator=dict(type='BboxOverlaps2D', dtype='fp16')))
+    no_train = MODELS.build(
+        dict(type='YOLOXHead', num_classes=80, in_channels=96))
     assert 'SimOTAAssigner' in yolox_supported(no_train)
     patched = _head()
     patched._get_targets_single = lambda *a: None
@@ -291,8 +317,10 @@ def test_cost_matrix_and_dynamic_k_as_stock(block: int) -> None:
             assert not seen
             continue
         found = assigned[2]
-        images = [i for i, g in enumerate(gts)
-                  if len(g) and found.cost[i].isfinite().any()]
+        images = [
+            i for i, g in enumerate(gts)
+            if len(g) and found.cost[i].isfinite().any()
+        ]
         assert len(seen) == len(images), f'seed {seed}'
         topk = head.assigner.candidate_topk
         for (cost, ious, valid), i in zip(seen, images):
@@ -303,8 +331,8 @@ def test_cost_matrix_and_dynamic_k_as_stock(block: int) -> None:
             assert torch.equal(mine.view(torch.int32),
                                cost.view(torch.int32)), f'seed {seed}'
             if valid.sum() >= topk and not found.fallback[i]:
-                want = torch.clamp(torch.topk(ious, topk, dim=0)[0].sum(
-                    0).int(), min=1)
+                want = torch.clamp(
+                    torch.topk(ious, topk, dim=0)[0].sum(0).int(), min=1)
                 assert torch.equal(found.dynamic_k[i, :num_gt],
                                    want.long()), f'seed {seed}'
 
@@ -324,10 +352,10 @@ def _batch(num_imgs: int, num_gts: int, size: int = 640):
     for _ in range(num_imgs):
         cxy = torch.rand(num_gts, 2, generator=gen) * (size - 160) + 80
         wh = torch.rand(num_gts, 2, generator=gen) * 120 + 24
-        gts.append(InstanceData(bboxes=torch.cat([cxy - wh / 2, cxy + wh / 2],
-                                                 1),
-                                labels=torch.randint(0, 80, (num_gts, ),
-                                                     generator=gen)))
+        gts.append(
+            InstanceData(
+                bboxes=torch.cat([cxy - wh / 2, cxy + wh / 2], 1),
+                labels=torch.randint(0, 80, (num_gts, ), generator=gen)))
     cls, obj, boxes = _predictions(gen, priors, gts, 80, [False] * num_imgs)
     return head, priors, cls, boxes, obj, gts
 
@@ -344,9 +372,9 @@ def test_operations_do_not_grow_with_batch_or_boxes() -> None:
             _, fallbacks = yolox_targets(*args)
         assert fallbacks == 0
         stock = _counted(stock_targets, *args[:-1])
-        figures[num_imgs, num_gts] = (
-            stock.total, stock.ops['_local_scalar_dense'], fast.total,
-            fast.ops['_local_scalar_dense'])
+        figures[num_imgs,
+                num_gts] = (stock.total, stock.ops['_local_scalar_dense'],
+                            fast.total, fast.ops['_local_scalar_dense'])
     # (images, gts): (stock ops, stock .item(), batched ops, batched .item())
     # on this CPU: (2, 10): (331, 30, 207, 4), (8, 10): (1363, 120, 207, 4),
     # (8, 3): (1159, 64, 207, 4), (8, 30): (1849, 280, 207, 4).
@@ -368,16 +396,17 @@ def test_cpu_paths_as_stock(threads: int) -> None:
         sizes = [0, 5, 17, 1000, 33000, 70001, 16, 31] + [13] * 100
         parts = [torch.randn(n, generator=gen) * 8 for n in sizes]
         for name in ('sigmoid', 'log'):
-            xs = parts if name == 'sigmoid' else [p.abs() + 1e-3
-                                                  for p in parts]
+            xs = parts if name == 'sigmoid' else [
+                p.abs() + 1e-3 for p in parts
+            ]
             op = cpu_paths.OPS[name][0]
             want = torch.cat([op(x) for x in xs])
             got = cpu_paths.as_stock(name, torch.cat(xs), sizes)
             assert torch.equal(want.view(torch.int32), got.view(torch.int32))
             if cpu_paths.calibrate(name, threads):  # the layout matters here
                 naive = op(torch.cat(xs))
-                assert not torch.equal(want.view(torch.int32),
-                                       naive.view(torch.int32))
+                assert not torch.equal(
+                    want.view(torch.int32), naive.view(torch.int32))
     finally:
         torch.set_num_threads(before)
 
@@ -395,16 +424,18 @@ def test_prior_scores_as_stock_per_image(threads: int) -> None:
         for num_imgs, num_priors, num_classes in ((8, 189, 80), (64, 189, 3),
                                                   (3, 525, 3), (2, 2100, 80),
                                                   (5, 21, 7)):
-            cls = torch.randn(num_imgs, num_priors, num_classes,
-                              generator=gen) * 8
+            cls = torch.randn(
+                num_imgs, num_priors, num_classes, generator=gen) * 8
             obj = torch.randn(num_imgs, num_priors, generator=gen) * 8
-            want = torch.stack([(c.sigmoid() * o.unsqueeze(1).sigmoid()
-                                 ).sqrt_() for c, o in zip(cls, obj)])
+            want = torch.stack([
+                (c.sigmoid() * o.unsqueeze(1).sigmoid()).sqrt_()
+                for c, o in zip(cls, obj)
+            ])
             got = prior_scores(cls, obj)
             assert torch.equal(want.view(torch.int32), got.view(torch.int32))
             if cpu_paths.calibrate('sigmoid', threads) and num_imgs == 64:
                 naive = (cls.sigmoid() * obj.unsqueeze(-1).sigmoid()).sqrt_()
-                assert not torch.equal(want.view(torch.int32),
-                                       naive.view(torch.int32))
+                assert not torch.equal(
+                    want.view(torch.int32), naive.view(torch.int32))
     finally:
         torch.set_num_threads(before)

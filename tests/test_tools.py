@@ -18,16 +18,23 @@ def options(root):
 
 
 def run_tool(args, timeout=600, env=None):
-    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    done = subprocess.run(
+        args,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout + done.stderr
 
 
 def train(work_dir, sample_data, *extra):
-    return run_tool([sys.executable, 'tools/train.py', CONFIG, '--work-dir',
-                     str(work_dir), *extra, '--cfg-options',
-                     *options(sample_data), 'train_cfg.val_interval=2'])
+    return run_tool([
+        sys.executable, 'tools/train.py', CONFIG, '--work-dir',
+        str(work_dir), *extra, '--cfg-options', *options(sample_data),
+        'train_cfg.val_interval=2'
+    ])
 
 
 def test_train_resume_and_test(sample_data, tmp_path):
@@ -44,11 +51,13 @@ def test_train_resume_and_test(sample_data, tmp_path):
     assert ckpt['meta']['epoch'] == 2 and ckpt['meta']['iter'] == 8
     # the checkpoint evaluates with tools/test.py, on the stock path too
     metrics_file = tmp_path / 'metrics.json'
-    out = run_tool([sys.executable, 'tools/test.py', CONFIG,
-                    str(work / 'epoch_2.pth'), '--no-fast', '--work-dir',
-                    str(tmp_path / 'test'), '--json', str(metrics_file),
-                    '--out', str(tmp_path / 'preds.pkl'), '--cfg-options',
-                    *options(sample_data)])
+    out = run_tool([
+        sys.executable, 'tools/test.py', CONFIG,
+        str(work / 'epoch_2.pth'), '--no-fast', '--work-dir',
+        str(tmp_path / 'test'), '--json',
+        str(metrics_file), '--out',
+        str(tmp_path / 'preds.pkl'), '--cfg-options', *options(sample_data)
+    ])
     metrics = json.loads(metrics_file.read_text())
     assert 'coco/bbox_mAP' in metrics and 'coco/bbox_mAP' in out
     assert (tmp_path / 'preds.pkl').exists()
@@ -64,20 +73,27 @@ def test_train_fast_switch_on_a_stock_config(sample_data, tmp_path):
     stock.dump(str(stock_file))
     assert 'FastParallelHook' not in stock_file.read_text()
     work = tmp_path / 'work'
-    run_tool([sys.executable, 'tools/train.py', str(stock_file), '--fast',
-              '--work-dir', str(work), '--cfg-options',
-              *options(sample_data), 'train_cfg.max_epochs=1',
-              'train_cfg.val_interval=2'])
+    run_tool([
+        sys.executable, 'tools/train.py',
+        str(stock_file), '--fast', '--work-dir',
+        str(work), '--cfg-options', *options(sample_data),
+        'train_cfg.max_epochs=1', 'train_cfg.val_interval=2'
+    ])
     log = open(glob.glob(str(work / '*' / '*.log'))[0]).read()
     assert 'FastParallelHook' in log and 'transfer_time' in log
 
 
 def test_dist_train_two_gloo_processes(sample_data, tmp_path):
-    env = dict(os.environ, PORT=str(free_port()), PYTHON=sys.executable,
-               OMP_NUM_THREADS='1')
-    out = run_tool(['bash', 'tools/dist_train.sh', CONFIG, '2', '--work-dir',
-                    str(tmp_path), '--cfg-options', *options(sample_data),
-                    'train_cfg.max_epochs=1', 'train_cfg.val_interval=2'],
+    env = dict(
+        os.environ,
+        PORT=str(free_port()),
+        PYTHON=sys.executable,
+        OMP_NUM_THREADS='1')
+    out = run_tool([
+        'bash', 'tools/dist_train.sh', CONFIG, '2', '--work-dir',
+        str(tmp_path), '--cfg-options', *options(sample_data),
+        'train_cfg.max_epochs=1', 'train_cfg.val_interval=2'
+    ],
                    env=env)
     log = open(glob.glob(str(tmp_path / '*' / '*.log'))[0]).read()
     assert 'Distributed launcher: pytorch' in log
@@ -92,7 +108,10 @@ def test_amp_without_gpu_is_a_clear_error():
         pytest.skip('this machine has a GPU: --amp works here')
     done = subprocess.run(
         [sys.executable, 'tools/train.py', CONFIGS['yolox'], '--amp'],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300)
     assert done.returncode != 0
     assert '--amp needs a GPU' in done.stderr
     assert 'Traceback' not in done.stderr

@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.pin_memory import pin_memory as pin_thread_step
 
 from fast_parallel import PackedBatch, pack, packed_collate
-from fast_parallel.data import ring as ring_module
 from fast_parallel.bench.synthetic import yolox_samples
+from fast_parallel.data import ring as ring_module
 from fast_parallel.wrappers.transfer import TransferMixin
 
 CUDA = torch.cuda.is_available()
@@ -44,7 +44,10 @@ class FakePinning(TorchDispatchMode):
         super().__init__()
         self.pinned_allocations = 0
 
-    def __torch_dispatch__(self, func: Callable, types: Any, args=(),
+    def __torch_dispatch__(self,
+                           func: Callable,
+                           types: Any,
+                           args=(),
                            kwargs: Optional[Dict[str, Any]] = None) -> Any:
         kwargs = dict(kwargs or {})
         name = func.overloadpacket.__name__
@@ -63,7 +66,10 @@ class CountCalls(TorchFunctionMode):
         super().__init__()
         self.calls: Counter = Counter()
 
-    def __torch_function__(self, func: Callable, types: Any, args=(),
+    def __torch_function__(self,
+                           func: Callable,
+                           types: Any,
+                           args=(),
                            kwargs: Optional[Dict[str, Any]] = None) -> Any:
         self.calls[getattr(func, '__name__', repr(func))] += 1
         return func(*args, **(kwargs or {}))
@@ -83,8 +89,8 @@ def batch() -> PackedBatch:
 def fake_pinned(packed: PackedBatch) -> PackedBatch:
     with FakePinning() as mode:
         out = packed.pin_memory()
-    assert mode.pinned_allocations == (
-        0 if packed.pinned else len(packed.buffers))
+    assert mode.pinned_allocations == (0 if packed.pinned else len(
+        packed.buffers))
     return out
 
 
@@ -133,8 +139,7 @@ def test_flag_through_to_replace_and_pickling():
     assert not packed.to('meta').pinned  # other memory
     # An unpickled tensor lives in fresh (or shared) memory, never pinned.
     loaded = pickle.loads(pickle.dumps(packed))
-    assert not loaded.pinned and not pickle.loads(
-        pickle.dumps(batch())).pinned
+    assert not loaded.pinned and not pickle.loads(pickle.dumps(batch())).pinned
     assert loaded.to('cpu').pinned is False
     assert fake_pinned(loaded).pinned
 
@@ -150,8 +155,8 @@ class Samples(Dataset):
 
 def test_ring_batches_are_pinned_by_copy_and_release_their_slot():
     before = dict(ring_module.STATS)
-    loader = DataLoader(Samples(), batch_size=2, num_workers=1,
-                        collate_fn=packed_collate)
+    loader = DataLoader(
+        Samples(), batch_size=2, num_workers=1, collate_fn=packed_collate)
     for b, packed in enumerate(loader):
         assert not packed.pinned  # shared-memory ring buffers: pageable
         pinned = fake_pinned(packed)
@@ -173,8 +178,12 @@ def test_real_pinning_matches_the_flag():
 
 @needs_cuda
 def test_real_pin_thread_pins_ring_batches():
-    loader = DataLoader(Samples(), batch_size=2, num_workers=1,
-                        pin_memory=True, collate_fn=packed_collate)
+    loader = DataLoader(
+        Samples(),
+        batch_size=2,
+        num_workers=1,
+        pin_memory=True,
+        collate_fn=packed_collate)
     for packed in loader:
         assert packed.pinned
         assert all(b.is_pinned() for b in packed.buffers.values())
@@ -188,7 +197,10 @@ class SeeCopies(TorchDispatchMode):
         super().__init__()
         self.non_blocking = []
 
-    def __torch_dispatch__(self, func: Callable, types: Any, args=(),
+    def __torch_dispatch__(self,
+                           func: Callable,
+                           types: Any,
+                           args=(),
                            kwargs: Optional[Dict[str, Any]] = None) -> Any:
         if func.overloadpacket.__name__ == '_to_copy':
             self.non_blocking.append(bool(kwargs.get('non_blocking')))

@@ -14,8 +14,8 @@ from val_utils import MetricsRecorder, iter_runner, log_text
 from fast_parallel import AccuracyParityHook, FastParallelHook
 from fast_parallel.data.loader import accelerator_available
 
-PARITY = dict(expected={'coco/bbox_mAP': 1.0}, tolerance=0.1,
-              source='boxes echoed')
+PARITY = dict(
+    expected={'coco/bbox_mAP': 1.0}, tolerance=0.1, source='boxes echoed')
 
 
 @pytest.fixture(scope='module')
@@ -24,13 +24,16 @@ def trained(sample_data, tmp_path_factory):
     work_dir = tmp_path_factory.mktemp('val_iter')
     parity, recorder = AccuracyParityHook(**PARITY), MetricsRecorder()
     runner = iter_runner(
-        sample_data, work_dir,
-        [dict(type='FastParallelHook'), parity, recorder],
-        checkpoint=dict(type='CheckpointHook', interval=2, by_epoch=False,
-                        save_best='auto'))
+        sample_data,
+        work_dir, [dict(type='FastParallelHook'), parity, recorder],
+        checkpoint=dict(
+            type='CheckpointHook',
+            interval=2,
+            by_epoch=False,
+            save_best='auto'))
     runner.train()
-    return dict(runner=runner, work_dir=work_dir, parity=parity,
-                recorder=recorder)
+    return dict(
+        runner=runner, work_dir=work_dir, parity=parity, recorder=recorder)
 
 
 def test_last_validation_of_an_iteration_loop_is_the_final_one(trained):
@@ -84,10 +87,12 @@ def test_forced_pin_memory_without_accelerator_asks_torch_for_nothing(
         sample_data, tmp_path, config_pin):
     """``FastParallelHook(pin_memory=True)``, the config's loaders pinned or
     not: no loader of the hook's asks torch to pin where it cannot."""
-    runner = iter_runner(sample_data, tmp_path,
-                         [FastParallelHook(pin_memory=True)], max_iters=2,
-                         val_interval=2,
-                         train_loader=dict(pin_memory=config_pin))
+    runner = iter_runner(
+        sample_data,
+        tmp_path, [FastParallelHook(pin_memory=True)],
+        max_iters=2,
+        val_interval=2,
+        train_loader=dict(pin_memory=config_pin))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
         runner.train()
@@ -101,8 +106,7 @@ def test_forced_pin_memory_without_accelerator_asks_torch_for_nothing(
     stock_started = config_pin and not accelerator_available()
     assert len(pin_warnings) == int(stock_started), pin_warnings
     log = log_text(tmp_path)
-    summary, = [ln for ln in log.splitlines()
-                if 'FastParallelHook: on:' in ln]
+    summary, = [ln for ln in log.splitlines() if 'FastParallelHook: on:' in ln]
     loaders = (runner.train_loop.dataloader, runner.val_loop.dataloader)
     if accelerator_available():  # pinned where the DataLoader can pin
         assert all(loader.pin_memory for loader in loaders)

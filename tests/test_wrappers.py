@@ -6,18 +6,25 @@ from mmengine.logging import MessageHub
 from mmengine.model import is_model_wrapper
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import MODEL_WRAPPERS
-from models import (assert_same_tensors, build_model, sample_batches,
-                    seed_all, snapshot)
+from models import (assert_same_tensors, build_model, sample_batches, seed_all,
+                    snapshot)
 
 from fast_parallel import (FastDataParallel, FastDistributedDataParallel,
                            PackedBatch, packed_collate)
 
 OPTIM = {
-    'yolox': dict(optimizer=dict(type='SGD', lr=0.01, momentum=0.9,
-                                 weight_decay=5e-4, nesterov=True)),
-    'pointpillars': dict(optimizer=dict(type='AdamW', lr=0.001,
-                                        weight_decay=0.01),
-                         clip_grad=dict(max_norm=35, norm_type=2)),
+    'yolox':
+    dict(
+        optimizer=dict(
+            type='SGD',
+            lr=0.01,
+            momentum=0.9,
+            weight_decay=5e-4,
+            nesterov=True)),
+    'pointpillars':
+    dict(
+        optimizer=dict(type='AdamW', lr=0.001, weight_decay=0.01),
+        clip_grad=dict(max_norm=35, norm_type=2)),
 }
 STEPS = {'yolox': 3, 'pointpillars': 2}
 

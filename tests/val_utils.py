@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import torch
+from mmdet.utils import register_all_modules
 from mmengine.hooks import Hook
 from mmengine.model import BaseModel
 from mmengine.runner import Runner
 from mmengine.structures import InstanceData
-
-from mmdet.utils import register_all_modules
 
 import fast_parallel  # noqa: F401  (registers FastParallelHook)
 
@@ -27,11 +26,14 @@ class BoxEcho(BaseModel):
     """One parameter; predicts the ground-truth boxes, shifted by it."""
 
     def __init__(self) -> None:
-        super().__init__(data_preprocessor=dict(
-            type='mmdet.DetDataPreprocessor', pad_size_divisor=32))
+        super().__init__(
+            data_preprocessor=dict(
+                type='mmdet.DetDataPreprocessor', pad_size_divisor=32))
         self.w = torch.nn.Parameter(torch.zeros(1))
 
-    def forward(self, inputs: torch.Tensor, data_samples=None,
+    def forward(self,
+                inputs: torch.Tensor,
+                data_samples=None,
                 mode: str = 'tensor') -> Any:
         if mode == 'loss':
             return dict(loss=self.w.sum() + 0 * inputs.float().mean())
@@ -40,7 +42,8 @@ class BoxEcho(BaseModel):
             boxes = getattr(gt.bboxes, 'tensor', gt.bboxes)  # BaseBoxes
             sample.pred_instances = InstanceData(
                 bboxes=boxes + self.w.detach(),
-                scores=torch.ones(len(gt)), labels=gt.labels)
+                scores=torch.ones(len(gt)),
+                labels=gt.labels)
         return data_samples
 
 
@@ -59,24 +62,33 @@ class MetricsRecorder(Hook):
 def coco_loader(data: Path, workers: int, **extra: Any) -> dict:
     """The sample COCO val set (4 images of 128-160 px), batches of 2."""
     return dict(
-        batch_size=2, num_workers=workers,
+        batch_size=2,
+        num_workers=workers,
         persistent_workers=workers > 0,
         sampler=dict(type='DefaultSampler', shuffle=False),
         dataset=dict(
-            type='CocoDataset', data_root=str(data / 'coco') + '/',
+            type='CocoDataset',
+            data_root=str(data / 'coco') + '/',
             ann_file='annotations/instances_val2017.json',
-            data_prefix=dict(img='val2017/'), test_mode=False,
+            data_prefix=dict(img='val2017/'),
+            test_mode=False,
             pipeline=[
                 dict(type='LoadImageFromFile'),
                 dict(type='LoadAnnotations', with_bbox=True),
-                dict(type='PackDetInputs',
-                     meta_keys=('img_id', 'ori_shape', 'img_shape'))
-            ]), **extra)
+                dict(
+                    type='PackDetInputs',
+                    meta_keys=('img_id', 'ori_shape', 'img_shape'))
+            ]),
+        **extra)
 
 
-def iter_runner(data: Path, work_dir: Path, hooks: List[Any],
-                max_iters: int = 4, val_interval: int = 2,
-                workers: int = 2, checkpoint: Optional[dict] = None,
+def iter_runner(data: Path,
+                work_dir: Path,
+                hooks: List[Any],
+                max_iters: int = 4,
+                val_interval: int = 2,
+                workers: int = 2,
+                checkpoint: Optional[dict] = None,
                 train_loader: Optional[dict] = None) -> Runner:
     """An ``IterBasedTrainLoop`` run validating every ``val_interval``.
 
@@ -96,21 +108,29 @@ def iter_runner(data: Path, work_dir: Path, hooks: List[Any],
     Returns:
         Runner: Not run yet.
     """
-    evaluator = dict(type='CocoMetric', metric='bbox', ann_file=str(
-        data / 'coco' / 'annotations' / 'instances_val2017.json'))
+    evaluator = dict(
+        type='CocoMetric',
+        metric='bbox',
+        ann_file=str(data / 'coco' / 'annotations' / 'instances_val2017.json'))
     return Runner(
-        model=BoxEcho(), work_dir=str(work_dir),
+        model=BoxEcho(),
+        work_dir=str(work_dir),
         experiment_name=f'val_{uuid.uuid4().hex}',
         train_dataloader=coco_loader(data, workers, **(train_loader or {})),
-        train_cfg=dict(type='IterBasedTrainLoop', max_iters=max_iters,
-                       val_interval=val_interval),
-        val_dataloader=coco_loader(data, 1), val_cfg=dict(),
+        train_cfg=dict(
+            type='IterBasedTrainLoop',
+            max_iters=max_iters,
+            val_interval=val_interval),
+        val_dataloader=coco_loader(data, 1),
+        val_cfg=dict(),
         val_evaluator=evaluator,
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
-        default_hooks=dict(logger=dict(type='LoggerHook', interval=1),
-                           checkpoint=checkpoint),
-        log_processor=dict(by_epoch=False), custom_hooks=hooks,
-        randomness=dict(seed=0), default_scope='mmdet')
+        default_hooks=dict(
+            logger=dict(type='LoggerHook', interval=1), checkpoint=checkpoint),
+        log_processor=dict(by_epoch=False),
+        custom_hooks=hooks,
+        randomness=dict(seed=0),
+        default_scope='mmdet')
 
 
 def log_text(work_dir: Path) -> str:

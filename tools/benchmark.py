@@ -72,9 +72,9 @@ from tqdm import tqdm
 
 # The installed fast_parallel (pip install -e . to run a clone's edits).
 from fast_parallel import packed_collate
+from fast_parallel.bench.synthetic import pointpillars_samples, yolox_samples
 from fast_parallel.data.loader import FastDataLoader
 from fast_parallel.data.packing import stock_transfers
-from fast_parallel.bench.synthetic import pointpillars_samples, yolox_samples
 
 #: The repository (the configs, data/ and tools/ it names are found here).
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -131,8 +131,13 @@ STEPS: Dict[str, Callable[[float], None]] = {
 }
 
 
-def data_path_times(path: str, samples: list, workers: int, batches: int,
-                    warmup: int, step: float, device: torch.device,
+def data_path_times(path: str,
+                    samples: list,
+                    workers: int,
+                    batches: int,
+                    warmup: int,
+                    step: float,
+                    device: torch.device,
                     step_kind: str = 'torch') -> List[float]:
     """Main-process seconds per batch, next() to input on the device.
 
@@ -151,8 +156,11 @@ def data_path_times(path: str, samples: list, workers: int, batches: int,
         list[float]: One time per measured batch.
     """
     loader = LOADER[path](
-        _Pool(samples), batch_size=len(samples), num_workers=workers,
-        collate_fn=COLLATE[path], pin_memory=device.type == 'cuda')
+        _Pool(samples),
+        batch_size=len(samples),
+        num_workers=workers,
+        collate_fn=COLLATE[path],
+        pin_memory=device.type == 'cuda')
     preprocessor = BaseDataPreprocessor().to(device)
     times = []
     it = iter(loader)
@@ -234,8 +242,9 @@ def transfer_figures(samples: list) -> Dict[str, Dict[str, int]]:
     """Copies and bytes per batch, stock and packed."""
     copies, nbytes = stock_transfers(pseudo_collate(samples))
     packed = packed_collate(samples)
-    return dict(stock=dict(copies=copies, bytes=nbytes),
-                fast=dict(copies=packed.num_copies, bytes=packed.nbytes))
+    return dict(
+        stock=dict(copies=copies, bytes=nbytes),
+        fast=dict(copies=packed.num_copies, bytes=packed.nbytes))
 
 
 def config_iterations(iters: int, repeats: int) -> Dict[str, dict]:
@@ -244,7 +253,8 @@ def config_iterations(iters: int, repeats: int) -> Dict[str, dict]:
 
     from fast_parallel.parity.runner import parity_config, run_once
     configs = {
-        'yolox': 'configs/yolox/yolox_tiny_fast_sample.py',
+        'yolox':
+        'configs/yolox/yolox_tiny_fast_sample.py',
         'pointpillars':
         'configs/pointpillars/pointpillars_hv_secfpn_fast_sample.py',
     }
@@ -257,18 +267,25 @@ def config_iterations(iters: int, repeats: int) -> Dict[str, dict]:
         batch = None
         for r in range(repeats):
             for p in PATHS:
-                run_cfg = parity_config(cfg, p, iters, False,
-                                        f'work_dirs/benchmark/{kind}', r,
-                                        deterministic=False)
+                run_cfg = parity_config(
+                    cfg,
+                    p,
+                    iters,
+                    False,
+                    f'work_dirs/benchmark/{kind}',
+                    r,
+                    deterministic=False)
                 record = run_once(run_cfg)
                 measured = record['iter_time'][2:]  # first ones warm up
                 times[p] += measured
                 per_repeat[p].append(statistics.median(measured))
                 batch = record['batch_size']
         out[kind] = {
-            p: dict(s_per_iter=statistics.median(times[p]),
-                    samples_per_s=batch / statistics.median(times[p]),
-                    per_repeat=per_repeat[p])
+            p:
+            dict(
+                s_per_iter=statistics.median(times[p]),
+                samples_per_s=batch / statistics.median(times[p]),
+                per_repeat=per_repeat[p])
             for p in PATHS
         }
         out[kind]['ratio'] = out[kind]['fast']['s_per_iter'] / \
@@ -289,9 +306,11 @@ def gpu_section() -> dict:
         host.to(device, non_blocking=True)
     _sync(device)
     bandwidth = 5 * host.numel() / (time.perf_counter() - start)
-    return dict(run=True, device=torch.cuda.get_device_name(0),
-                pinned_h2d_bytes_per_s=bandwidth,
-                gpus=torch.cuda.device_count())
+    return dict(
+        run=True,
+        device=torch.cuda.get_device_name(0),
+        pinned_h2d_bytes_per_s=bandwidth,
+        gpus=torch.cuda.device_count())
 
 
 def ensure_data(root: str, quick: bool) -> str:
@@ -313,8 +332,8 @@ def ensure_data(root: str, quick: bool) -> str:
     if quick:
         out = tool.make_sample_data(root)
     else:
-        out = tool.make_sample_data(root, coco_images=64, kitti_frames=12,
-                                    coco_size=(480, 640))
+        out = tool.make_sample_data(
+            root, coco_images=64, kitti_frames=12, coco_size=(480, 640))
     return str(out)
 
 
@@ -338,12 +357,18 @@ def train_section(args: argparse.Namespace, data: str) -> dict:
     from fast_parallel.bench.train_time import run_arms
     config, kind = PRESETS[args.train_preset]
     options = data_options(kind, data) + [
-        f'{k}={v}' for k, v in (args.cfg_options or {}).items()]
+        f'{k}={v}' for k, v in (args.cfg_options or {}).items()
+    ]
     total = len(args.arms) * args.repeats
     with tqdm(total=total, desc='train arms', file=sys.stderr) as bar:
-        return run_arms(osp.join(ROOT, config), args.arms, args.train_iters,
-                        args.train_warmup, args.repeats, options,
-                        progress=bar.update)
+        return run_arms(
+            osp.join(ROOT, config),
+            args.arms,
+            args.train_iters,
+            args.train_warmup,
+            args.repeats,
+            options,
+            progress=bar.update)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -353,42 +378,62 @@ def parse_args(argv=None) -> argparse.Namespace:
     from fast_parallel.bench.presets import PRESETS
     from fast_parallel.bench.train_time import ARMS
     parser = argparse.ArgumentParser(description='stock vs fast data path')
-    parser.add_argument('--shapes', nargs='+', default=list(SHAPES),
-                        choices=list(SHAPES))
-    parser.add_argument('--workers', nargs='+', type=int,
-                        default=[0, 1, 2, 4])
+    parser.add_argument(
+        '--shapes', nargs='+', default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument('--workers', nargs='+', type=int, default=[0, 1, 2, 4])
     parser.add_argument('--batches', type=int, default=30)
     parser.add_argument('--warmup', type=int, default=5)
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--step-ms', type=float, default=80.0)
-    parser.add_argument('--step-kind', choices=list(STEPS), default='torch',
-                        help='main-process work between batches')
-    parser.add_argument('--configs', action='store_true',
-                        help='also time full iterations of the small configs')
+    parser.add_argument(
+        '--step-kind',
+        choices=list(STEPS),
+        default='torch',
+        help='main-process work between batches')
+    parser.add_argument(
+        '--configs',
+        action='store_true',
+        help='also time full iterations of the small configs')
     parser.add_argument('--config-iters', type=int, default=10)
-    parser.add_argument('--quick', action='store_true',
-                        help='a few batches, workers 0 and 2, one repeat')
-    parser.add_argument('--device', default='auto',
-                        help="'auto' (cuda if available), 'cpu' or 'cuda'")
-    parser.add_argument('--ops', action='store_true',
-                        help='count operations per training iteration')
-    parser.add_argument('--presets', nargs='+', choices=list(PRESETS),
-                        default=['yolox_s', 'pointpillars'],
-                        help='configs --ops counts')
+    parser.add_argument(
+        '--quick',
+        action='store_true',
+        help='a few batches, workers 0 and 2, one repeat')
+    parser.add_argument(
+        '--device',
+        default='auto',
+        help="'auto' (cuda if available), 'cpu' or 'cuda'")
+    parser.add_argument(
+        '--ops',
+        action='store_true',
+        help='count operations per training iteration')
+    parser.add_argument(
+        '--presets',
+        nargs='+',
+        choices=list(PRESETS),
+        default=['yolox_s', 'pointpillars'],
+        help='configs --ops counts')
     parser.add_argument('--ops-iters', type=int, default=3)
     parser.add_argument('--ops-warmup', type=int, default=1)
-    parser.add_argument('--train', action='store_true',
-                        help='time full training iterations, arm by arm')
-    parser.add_argument('--train-preset', choices=list(PRESETS),
-                        default='yolox_s')
+    parser.add_argument(
+        '--train',
+        action='store_true',
+        help='time full training iterations, arm by arm')
+    parser.add_argument(
+        '--train-preset', choices=list(PRESETS), default='yolox_s')
     parser.add_argument('--arms', nargs='+', choices=ARMS, default=ARMS)
     parser.add_argument('--train-iters', type=int, default=50)
     parser.add_argument('--train-warmup', type=int, default=10)
-    parser.add_argument('--data', default=None,
-                        help='data folder of --ops/--train (made if missing; '
-                        'default data/bench, data/sample with --quick)')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='config overrides for --ops/--train')
+    parser.add_argument(
+        '--data',
+        default=None,
+        help='data folder of --ops/--train (made if missing; '
+        'default data/bench, data/sample with --quick)')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='config overrides for --ops/--train')
     parser.add_argument('--json', help='write the results here')
     parser.add_argument('--plot', help='write a bar chart (PNG) here')
     args = parser.parse_args(argv)
@@ -416,22 +461,29 @@ def main(argv=None) -> dict:
         dict: The results (what ``--json`` writes).
     """
     args = parse_args(argv)
-    device = torch.device(
-        ('cuda' if torch.cuda.is_available() else 'cpu')
-        if args.device == 'auto' else args.device)
-    machine = dict(platform=platform.platform(),
-                   processor=platform.processor() or platform.machine(),
-                   cpus=os.cpu_count(), torch=torch.__version__,
-                   device=(torch.cuda.get_device_name(device)
-                           if device.type == 'cuda' else str(device)))
+    device = torch.device(('cuda' if torch.cuda.is_available() else 'cpu'
+                           ) if args.device == 'auto' else args.device)
+    machine = dict(
+        platform=platform.platform(),
+        processor=platform.processor() or platform.machine(),
+        cpus=os.cpu_count(),
+        torch=torch.__version__,
+        device=(torch.cuda.get_device_name(device)
+                if device.type == 'cuda' else str(device)))
     if args.ops or args.train:
         return _modes(args, machine, device)
     results: dict = dict(
         machine=machine,
-        settings=dict(batches=args.batches, warmup=args.warmup,
-                      repeats=args.repeats, step_ms=args.step_ms,
-                      step_kind=args.step_kind, workers=args.workers),
-        data_path={}, collate={}, transfers={})
+        settings=dict(
+            batches=args.batches,
+            warmup=args.warmup,
+            repeats=args.repeats,
+            step_ms=args.step_ms,
+            step_kind=args.step_kind,
+            workers=args.workers),
+        data_path={},
+        collate={},
+        transfers={})
     samples = {s: SHAPES[s]() for s in args.shapes}
     runs = len(args.shapes) * len(args.workers) * args.repeats * 2
     with tqdm(total=runs, desc='data path', file=sys.stderr) as bar:
@@ -440,10 +492,11 @@ def main(argv=None) -> dict:
                 times: Dict[str, List[float]] = {p: [] for p in PATHS}
                 for _ in range(args.repeats):
                     for path in PATHS:  # alternate stock and fast
-                        times[path] += data_path_times(
-                            path, samples[shape], workers, args.batches,
-                            args.warmup, args.step_ms / 1e3, device,
-                            args.step_kind)
+                        times[path] += data_path_times(path, samples[shape],
+                                                       workers, args.batches,
+                                                       args.warmup,
+                                                       args.step_ms / 1e3,
+                                                       device, args.step_kind)
                         bar.update()
                 med = {p: statistics.median(times[p]) for p in PATHS}
                 results['data_path'].setdefault(shape, {})[str(workers)] = \
@@ -456,7 +509,8 @@ def main(argv=None) -> dict:
     for shape in args.shapes:
         col = collate_times(samples[shape], 10 if args.quick else 30)
         results['collate'][shape] = dict(
-            stock_ms=col['stock'] * 1e3, fast_ms=col['fast'] * 1e3,
+            stock_ms=col['stock'] * 1e3,
+            fast_ms=col['fast'] * 1e3,
             ratio=col['fast'] / col['stock'])
         results['transfers'][shape] = transfer_figures(samples[shape])
     if args.configs:
@@ -487,8 +541,8 @@ def _modes(args: argparse.Namespace, machine: dict,
         print(format_ops(results['ops']))
     if args.train:
         results['train'] = train_section(args, data)
-        print(format_train(results['train'], where,
-                           cuda=device.type == 'cuda'))
+        print(
+            format_train(results['train'], where, cuda=device.type == 'cuda'))
         if args.quick:
             print('WARNING: --quick: a few iterations, one run per arm; a '
                   'check that the tool works, not a measurement')
@@ -514,7 +568,11 @@ def plot_train(result: dict, path: str) -> None:
     data = [r[a]['data_time_s'] * 1e3 for a in arms]
     x = range(len(arms))
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.bar([i - 0.2 for i in x], times, 0.4, yerr=spread, capsize=4,
+    ax.bar([i - 0.2 for i in x],
+           times,
+           0.4,
+           yerr=spread,
+           capsize=4,
            label='iteration (median, min-max)')
     ax.bar([i + 0.2 for i in x], data, 0.4, label='data_time (median)')
     ax.set_xticks(list(x))
@@ -530,12 +588,14 @@ def plot_train(result: dict, path: str) -> None:
 
 def format_report(results: dict) -> str:
     """Markdown tables of the results."""
-    lines = ['## Main-process data path per batch (median, quartiles, '
-             'min-max)', '',
-             '| batch | workers | stock ms | stock q1-q3 | stock min-max | '
-             'fast ms | fast q1-q3 | fast min-max | fast / stock | batches |',
-             '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: '
-             '| ---: |']
+    lines = [
+        '## Main-process data path per batch (median, quartiles, '
+        'min-max)', '',
+        '| batch | workers | stock ms | stock q1-q3 | stock min-max | '
+        'fast ms | fast q1-q3 | fast min-max | fast / stock | batches |',
+        '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: '
+        '| ---: |'
+    ]
 
     def spread(r: dict, path: str) -> str:
         return (f'{r[f"{path}_q1_ms"]:.2f}-{r[f"{path}_q3_ms"]:.2f} | '
@@ -547,25 +607,30 @@ def format_report(results: dict) -> str:
                          f'{spread(r, "stock")} | {r["fast_ms"]:.2f} | '
                          f'{spread(r, "fast")} | {r["ratio"]:.2f} | '
                          f'{r["samples"]} |')
-    lines += ['', '## Worker-side collate, copies and bytes per batch', '',
-              '| batch | collate stock ms | collate fast ms | copies stock |'
-              ' copies fast | bytes stock | bytes fast |',
-              '| --- | ---: | ---: | ---: | ---: | ---: | ---: |']
+    lines += [
+        '', '## Worker-side collate, copies and bytes per batch', '',
+        '| batch | collate stock ms | collate fast ms | copies stock |'
+        ' copies fast | bytes stock | bytes fast |',
+        '| --- | ---: | ---: | ---: | ---: | ---: | ---: |'
+    ]
     for shape, c in results['collate'].items():
         t = results['transfers'][shape]
         lines.append(f'| {shape} | {c["stock_ms"]:.2f} | {c["fast_ms"]:.2f} '
                      f'| {t["stock"]["copies"]} | {t["fast"]["copies"]} | '
                      f'{t["stock"]["bytes"]:,} | {t["fast"]["bytes"]:,} |')
     if 'iterations' in results:
-        lines += ['', '## Full training iterations (small configs)', '',
-                  '| config | stock s/iter | fast s/iter | stock samples/s |'
-                  ' fast samples/s | fast / stock time | per-repeat stock |'
-                  ' per-repeat fast |',
-                  '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |']
+        lines += [
+            '', '## Full training iterations (small configs)', '',
+            '| config | stock s/iter | fast s/iter | stock samples/s |'
+            ' fast samples/s | fast / stock time | per-repeat stock |'
+            ' per-repeat fast |',
+            '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |'
+        ]
         for kind, r in results['iterations'].items():
-            spread = {p: ', '.join(f'{t:.3f}' for t in
-                                   r[p].get('per_repeat', []))
-                      for p in PATHS}
+            spread = {
+                p: ', '.join(f'{t:.3f}' for t in r[p].get('per_repeat', []))
+                for p in PATHS
+            }
             lines.append(
                 f'| {kind} | {r["stock"]["s_per_iter"]:.3f} | '
                 f'{r["fast"]["s_per_iter"]:.3f} | '
@@ -605,8 +670,12 @@ def plot(results: dict, path: str) -> None:
     x = range(len(labels))
     ax = axes[0]
     for offset, p in ((-0.2, 'stock'), (0.2, 'fast')):
-        ax.bar([i + offset for i in x], bars[p], 0.4, yerr=errs[p],
-               capsize=3, label=p)
+        ax.bar([i + offset for i in x],
+               bars[p],
+               0.4,
+               yerr=errs[p],
+               capsize=3,
+               label=p)
     ax.set_xticks(list(x))
     ax.set_xticklabels(labels, fontsize=7)
     ax.set_ylabel('ms per batch (median, q1-q3)')
@@ -616,7 +685,8 @@ def plot(results: dict, path: str) -> None:
     shapes = list(results['collate'])
     for offset, p in ((-0.2, 'stock'), (0.2, 'fast')):
         ax.bar([i + offset for i in range(len(shapes))],
-               [results['collate'][s][f'{p}_ms'] for s in shapes], 0.4,
+               [results['collate'][s][f'{p}_ms'] for s in shapes],
+               0.4,
                label=p)
     ax.set_xticks(list(range(len(shapes))))
     ax.set_xticklabels(shapes)
@@ -631,8 +701,12 @@ def plot(results: dict, path: str) -> None:
             med = [v['s_per_iter'] for v in r]
             lo = [m - min(v['per_repeat']) for m, v in zip(med, r)]
             hi = [max(v['per_repeat']) - m for m, v in zip(med, r)]
-            ax.bar([i + offset for i in range(len(kinds))], med, 0.4,
-                   yerr=[lo, hi], capsize=3, label=p)
+            ax.bar([i + offset for i in range(len(kinds))],
+                   med,
+                   0.4,
+                   yerr=[lo, hi],
+                   capsize=3,
+                   label=p)
         ax.set_xticks(list(range(len(kinds))))
         ax.set_xticklabels(kinds)
         ax.set_ylabel('s per iteration (median, per-repeat range)')

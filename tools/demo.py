@@ -23,8 +23,8 @@ from mmengine.dataset import pseudo_collate
 
 # The installed fast_parallel (pip install -e . to run a clone's edits).
 from fast_parallel import packed_collate
-from fast_parallel.data.packing import stock_transfers
 from fast_parallel.bench.synthetic import pointpillars_samples, yolox_samples
+from fast_parallel.data.packing import stock_transfers
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
@@ -65,8 +65,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--iters-yolox', type=int, default=4)
     parser.add_argument('--iters-pointpillars', type=int, default=3)
-    parser.add_argument('--packing-only', action='store_true',
-                        help='print the packing table and stop')
+    parser.add_argument(
+        '--packing-only',
+        action='store_true',
+        help='print the packing table and stop')
     return parser.parse_args(argv)
 
 
@@ -83,19 +85,22 @@ def main(argv=None) -> int:
     if args.packing_only:
         return 0
     # the small configs read data/sample/{coco,kitti}
-    subprocess.run([sys.executable, 'tools/make_sample_data.py', '--out',
-                    'data/sample'], check=True)
+    subprocess.run(
+        [sys.executable, 'tools/make_sample_data.py', '--out', 'data/sample'],
+        check=True)
     codes = []
     for kind, iters in (('yolox', args.iters_yolox),
                         ('pointpillars', args.iters_pointpillars)):
-        cmd = [sys.executable, 'tools/parity.py', SMALL_CONFIGS[kind],
-               '--iters', str(iters), '--eval', '--out',
-               f'work_dirs/demo/parity_{kind}.json',
-               '--work-dir', f'work_dirs/demo/{kind}']
+        cmd = [
+            sys.executable, 'tools/parity.py', SMALL_CONFIGS[kind], '--iters',
+            str(iters), '--eval', '--out',
+            f'work_dirs/demo/parity_{kind}.json', '--work-dir',
+            f'work_dirs/demo/{kind}'
+        ]
         print(f'\n$ {" ".join(cmd[1:])}', flush=True)
         codes.append(subprocess.run(cmd).returncode)
-    print('\ndemo: both parity checks identical' if not any(codes) else
-          '\ndemo: a parity check FAILED')
+    print('\ndemo: both parity checks identical'
+          if not any(codes) else '\ndemo: a parity check FAILED')
     return int(any(codes))
 
 

@@ -57,12 +57,12 @@ import cv2
 import numpy as np
 
 # Standard COCO ids of the 80 detection categories, in mmdet's class order.
-COCO_CATEGORY_IDS = (
-    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
-    23, 24, 25, 27, 28, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44,
-    46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64,
-    65, 67, 70, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 84, 85, 86, 87, 88,
-    89, 90)
+COCO_CATEGORY_IDS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18,
+                     19, 20, 21, 22, 23, 24, 25, 27, 28, 31, 32, 33, 34, 35,
+                     36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 47, 48, 49, 50,
+                     51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64,
+                     65, 67, 70, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82,
+                     84, 85, 86, 87, 88, 89, 90)
 
 # The drawn categories: (name, shape, BGR colour, aspect range w / h).
 COCO_SHAPES = (
@@ -74,30 +74,44 @@ COCO_SHAPES = (
 
 # Calibration of KITTI object training frame 000000, in its file's order.
 KITTI_CALIB = {
-    'P0': [707.0493, 0.0, 604.0814, 0.0, 0.0, 707.0493, 180.5066, 0.0,
-           0.0, 0.0, 1.0, 0.0],
-    'P1': [707.0493, 0.0, 604.0814, -379.7842, 0.0, 707.0493, 180.5066, 0.0,
-           0.0, 0.0, 1.0, 0.0],
-    'P2': [707.0493, 0.0, 604.0814, 45.75831, 0.0, 707.0493, 180.5066,
-           -0.3454157, 0.0, 0.0, 1.0, 0.004981016],
-    'P3': [707.0493, 0.0, 604.0814, -334.1081, 0.0, 707.0493, 180.5066,
-           2.33066, 0.0, 0.0, 1.0, 0.003201153],
-    'R0_rect': [0.9999128, 0.01009263, -0.008511932, -0.01012729, 0.9999406,
-                -0.004037671, 0.008470675, 0.004123522, 0.9999556],
-    'Tr_velo_to_cam': [0.006927964, -0.9999722, -0.002757829, -0.02457729,
-                       -0.001162982, 0.002749836, -0.9999955, -0.06127237,
-                       0.9999753, 0.006931141, -0.001143899, -0.3321029],
-    'Tr_imu_to_velo': [0.9999976, 0.0007553071, -0.002035826, -0.8086759,
-                       -0.0007854027, 0.9998898, -0.01482298, 0.3195559,
-                       0.002024406, 0.01482454, 0.9998881, -0.7997231],
+    'P0': [
+        707.0493, 0.0, 604.0814, 0.0, 0.0, 707.0493, 180.5066, 0.0, 0.0, 0.0,
+        1.0, 0.0
+    ],
+    'P1': [
+        707.0493, 0.0, 604.0814, -379.7842, 0.0, 707.0493, 180.5066, 0.0, 0.0,
+        0.0, 1.0, 0.0
+    ],
+    'P2': [
+        707.0493, 0.0, 604.0814, 45.75831, 0.0, 707.0493, 180.5066, -0.3454157,
+        0.0, 0.0, 1.0, 0.004981016
+    ],
+    'P3': [
+        707.0493, 0.0, 604.0814, -334.1081, 0.0, 707.0493, 180.5066, 2.33066,
+        0.0, 0.0, 1.0, 0.003201153
+    ],
+    'R0_rect': [
+        0.9999128, 0.01009263, -0.008511932, -0.01012729, 0.9999406,
+        -0.004037671, 0.008470675, 0.004123522, 0.9999556
+    ],
+    'Tr_velo_to_cam': [
+        0.006927964, -0.9999722, -0.002757829, -0.02457729, -0.001162982,
+        0.002749836, -0.9999955, -0.06127237, 0.9999753, 0.006931141,
+        -0.001143899, -0.3321029
+    ],
+    'Tr_imu_to_velo': [
+        0.9999976, 0.0007553071, -0.002035826, -0.8086759, -0.0007854027,
+        0.9998898, -0.01482298, 0.3195559, 0.002024406, 0.01482454, 0.9998881,
+        -0.7997231
+    ],
 }
 KITTI_IMAGE_SIZE = (1242, 375)  # width, height
 KITTI_GROUND_Z = -1.73  # LiDAR height above the road, metres
 PCD_RANGE = (0.0, -39.68, -3.0, 69.12, 39.68, 1.0)  # PointPillars, KITTI car
 # (name, l, w, h, forward distance range in metres, draws per frame, BGR)
 KITTI_CLASSES = (
-    ('Car', (3.5, 4.4), (1.5, 1.8), (1.4, 1.7), (10.0, 35.0), (3, 5),
-     (40, 40, 200)),
+    ('Car', (3.5, 4.4), (1.5, 1.8), (1.4, 1.7), (10.0, 35.0), (3, 5), (40, 40,
+                                                                       200)),
     ('Pedestrian', (0.6, 1.0), (0.5, 0.7), (1.6, 1.9), (8.0, 25.0), (0, 2),
      (40, 200, 40)),
     ('Cyclist', (1.6, 1.9), (0.5, 0.7), (1.6, 1.8), (8.0, 25.0), (0, 1),
@@ -124,10 +138,11 @@ def _exist(root: Path, names: Sequence[str]) -> bool:
 
 
 # ----------------------------------------------------------------------- COCO
-def _place_box(rng: np.random.Generator, width: int, height: int,
-               aspect: Tuple[float, float],
-               taken: List[Tuple[int, int, int, int]]
-               ) -> Optional[Tuple[int, int, int, int]]:
+def _place_box(
+    rng: np.random.Generator, width: int, height: int, aspect: Tuple[float,
+                                                                     float],
+    taken: List[Tuple[int, int, int,
+                      int]]) -> Optional[Tuple[int, int, int, int]]:
     """Picks an inclusive pixel box clear of the others (2 px apart).
 
     Returns:
@@ -139,8 +154,8 @@ def _place_box(rng: np.random.Generator, width: int, height: int,
         x0 = int(rng.integers(1, width - w))
         y0 = int(rng.integers(1, height - h))
         box = (x0, y0, x0 + w - 1, y0 + h - 1)
-        if all(box[0] > t[2] + 2 or box[2] < t[0] - 2 or box[1] > t[3] + 2
-               or box[3] < t[1] - 2 for t in taken):
+        if all(box[0] > t[2] + 2 or box[2] < t[0] - 2 or box[1] > t[3] +
+               2 or box[3] < t[1] - 2 for t in taken):
             return box
     return None
 
@@ -155,9 +170,12 @@ def _shape_polygon(shape: str, box: Tuple[int, int, int, int]) -> np.ndarray:
     return cv2.ellipse2Poly(center, axes, 0, 0, 360, 10).astype(np.int32)
 
 
-def _coco_image(rng: np.random.Generator, image_id: int, first_ann_id: int,
-                size: Tuple[int, int] = COCO_SIZE
-                ) -> Tuple[np.ndarray, dict, List[dict]]:
+def _coco_image(
+        rng: np.random.Generator,
+        image_id: int,
+        first_ann_id: int,
+        size: Tuple[int,
+                    int] = COCO_SIZE) -> Tuple[np.ndarray, dict, List[dict]]:
     """Draws one image and its annotations.
 
     Args:
@@ -172,8 +190,8 @@ def _coco_image(rng: np.random.Generator, image_id: int, first_ann_id: int,
     """
     from mmdet.datasets import CocoDataset
     classes = CocoDataset.METAINFO['classes']
-    width, height = (int(v) for v in rng.integers(size[0], size[1] + 1,
-                                                  size=2))
+    width, height = (
+        int(v) for v in rng.integers(size[0], size[1] + 1, size=2))
     base = rng.integers(60, 200, size=3)
     noise = rng.normal(0.0, 12.0, size=(height, width, 3))
     img = np.clip(base + noise, 0, 255).astype(np.uint8)
@@ -193,21 +211,31 @@ def _coco_image(rng: np.random.Generator, image_id: int, first_ann_id: int,
         ys, xs = np.nonzero(mask)
         x0, y0 = int(xs.min()), int(ys.min())
         anns.append({
-            'id': first_ann_id + len(anns),
-            'image_id': image_id,
-            'category_id': COCO_CATEGORY_IDS[classes.index(name)],
-            'bbox': [x0, y0, int(xs.max()) - x0 + 1, int(ys.max()) - y0 + 1],
-            'area': int(mask.sum()),
+            'id':
+            first_ann_id + len(anns),
+            'image_id':
+            image_id,
+            'category_id':
+            COCO_CATEGORY_IDS[classes.index(name)],
+            'bbox': [x0, y0,
+                     int(xs.max()) - x0 + 1,
+                     int(ys.max()) - y0 + 1],
+            'area':
+            int(mask.sum()),
             'segmentation': [poly.reshape(-1).astype(float).tolist()],
-            'iscrowd': 0,
+            'iscrowd':
+            0,
         })
-    info = {'id': image_id, 'file_name': f'{image_id:012d}.jpg',
-            'width': width, 'height': height}
+    info = {
+        'id': image_id,
+        'file_name': f'{image_id:012d}.jpg',
+        'width': width,
+        'height': height
+    }
     return img, info, anns
 
 
-def _coco_made_with(num_train: int, size: Tuple[int, int],
-                    seed: int) -> dict:
+def _coco_made_with(num_train: int, size: Tuple[int, int], seed: int) -> dict:
     """What the annotation files' ``info`` records of how they were made."""
     return {'train_images': num_train, 'size': list(size), 'seed': seed}
 
@@ -223,7 +251,10 @@ def _coco_is(root: Path, made_with: dict) -> bool:
     return True
 
 
-def make_coco(root: Path, num_train: int, num_val: int, seed: int,
+def make_coco(root: Path,
+              num_train: int,
+              num_val: int,
+              seed: int,
               size: Tuple[int, int] = COCO_SIZE) -> None:
     """Writes ``root/{train2017,val2017,annotations}``.
 
@@ -239,28 +270,37 @@ def make_coco(root: Path, num_train: int, num_val: int, seed: int,
     if not 32 <= size[0] <= size[1]:
         raise ValueError(f'--coco-size: need 32 <= MIN <= MAX, got {size}')
     from mmdet.datasets import CocoDataset
-    categories = [{'id': cid, 'name': name, 'supercategory': 'none'}
-                  for cid, name in zip(COCO_CATEGORY_IDS,
-                                       CocoDataset.METAINFO['classes'])]
+    categories = [{
+        'id': cid,
+        'name': name,
+        'supercategory': 'none'
+    } for cid, name in zip(COCO_CATEGORY_IDS, CocoDataset.METAINFO['classes'])]
     (root / 'annotations').mkdir(parents=True, exist_ok=True)
     ann_id = 1
-    for split_no, (split, count) in enumerate((('train2017', num_train),
-                                               ('val2017', num_val))):
+    splits = (('train2017', num_train), ('val2017', num_val))
+    for split_no, (split, count) in enumerate(splits):
         (root / split).mkdir(exist_ok=True)
         images, annotations = [], []
         for i in range(count):
             image_id = split_no * 1_000_000 + i + 1
-            img, info, anns = _coco_image(_rng(seed, 0, split_no, i),
-                                          image_id, ann_id, size)
+            img, info, anns = _coco_image(
+                _rng(seed, 0, split_no, i), image_id, ann_id, size)
             ann_id += len(anns)
-            cv2.imwrite(str(root / split / info['file_name']), img,
-                        [cv2.IMWRITE_JPEG_QUALITY, 95])
+            cv2.imwrite(
+                str(root / split / info['file_name']), img,
+                [cv2.IMWRITE_JPEG_QUALITY, 95])
             images.append(info)
             annotations.extend(anns)
-        doc = {'info': {'description': 'fast_parallel sample data',
-                        'made_with': _coco_made_with(num_train, size, seed)},
-               'licenses': [], 'images': images, 'annotations': annotations,
-               'categories': categories}
+        doc = {
+            'info': {
+                'description': 'fast_parallel sample data',
+                'made_with': _coco_made_with(num_train, size, seed)
+            },
+            'licenses': [],
+            'images': images,
+            'annotations': annotations,
+            'categories': categories
+        }
         path = root / 'annotations' / f'instances_{split}.json'
         path.write_text(json.dumps(doc))
 
@@ -312,14 +352,15 @@ def _kitti_object(rng: np.random.Generator, cls: tuple,
     width, height = KITTI_IMAGE_SIZE
     lidar2cam = kitti_lidar2cam()
     for _ in range(50):
-        length, w, h = (round(float(rng.uniform(*r)), 2)
-                        for r in (l_rng, w_rng, h_rng))
+        length, w, h = (
+            round(float(rng.uniform(*r)), 2) for r in (l_rng, w_rng, h_rng))
         x = float(rng.uniform(*x_rng))
         y = float(rng.uniform(-0.55, 0.55)) * x
         yaw = float(rng.uniform(-math.pi, math.pi))
         radius = 0.5 * math.hypot(length, w)
-        if any(math.hypot(x - tx, y - ty) < radius + tr + 0.5
-               for tx, ty, tr in taken):
+        if any(
+                math.hypot(x - tx, y - ty) < radius + tr + 0.5
+                for tx, ty, tr in taken):
             continue
         loc = (lidar2cam @ [x, y, KITTI_GROUND_Z, 1.0])[:3].round(2)
         ry = round(_wrap(-yaw - math.pi / 2), 2)
@@ -330,16 +371,24 @@ def _kitti_object(rng: np.random.Generator, cls: tuple,
         if (uv.min() < 0 or uv[0].max() > width - 1
                 or uv[1].max() > height - 1):
             continue
-        box2d = [max(0.0, uv[0].min()), max(0.0, uv[1].min()),
-                 min(width - 1.0, uv[0].max()),
-                 min(height - 1.0, uv[1].max())]
+        box2d = [
+            max(0.0, uv[0].min()),
+            max(0.0, uv[1].min()),
+            min(width - 1.0, uv[0].max()),
+            min(height - 1.0, uv[1].max())
+        ]
         if box2d[3] - box2d[1] < 28:  # keep it moderate-or-easier
             continue
         center = (np.linalg.inv(lidar2cam) @ np.append(loc, 1.0))[:3]
         taken.append((float(center[0]), float(center[1]), radius))
         return {
-            'name': name, 'colour': colour, 'dims_hwl': (h, w, length),
-            'loc': loc, 'ry': ry, 'box2d': box2d, 'uv': uv,
+            'name': name,
+            'colour': colour,
+            'dims_hwl': (h, w, length),
+            'loc': loc,
+            'ry': ry,
+            'box2d': box2d,
+            'uv': uv,
             'alpha': round(_wrap(ry - math.atan2(loc[0], loc[2])), 2),
             'lidar_box': (center, (length, w, h), _wrap(-ry - math.pi / 2)),
         }
@@ -380,9 +429,12 @@ def _surface_points(rng: np.random.Generator, lidar_box: tuple,
     y = np.select([face < 2, face < 4], [u * w, sign * w], (v - 0.5) * w)
     z = np.where(face < 4, v * h, h) + 0.04
     cos, sin = math.cos(yaw), math.sin(yaw)
-    pts = np.stack([cos * x - sin * y + center[0],
-                    sin * x + cos * y + center[1], z + center[2],
-                    rng.uniform(0.2, 0.9, size=count)], axis=1)
+    pts = np.stack([
+        cos * x - sin * y + center[0], sin * x + cos * y + center[1],
+        z + center[2],
+        rng.uniform(0.2, 0.9, size=count)
+    ],
+                   axis=1)
     return pts.astype(np.float32)
 
 
@@ -395,16 +447,22 @@ def _ground_and_clutter(rng: np.random.Generator,
     """
     x0, y0, _, x1, y1, _ = PCD_RANGE
     n = 10000
-    ground = np.stack([rng.uniform(x0, x1, n), rng.uniform(y0, y1, n),
-                       KITTI_GROUND_Z + rng.normal(0.0, 0.02, n),
-                       rng.uniform(0.0, 0.3, n)], axis=1)
+    ground = np.stack([
+        rng.uniform(x0, x1, n),
+        rng.uniform(y0, y1, n), KITTI_GROUND_Z + rng.normal(0.0, 0.02, n),
+        rng.uniform(0.0, 0.3, n)
+    ],
+                      axis=1)
     poles = []
     for _ in range(6):
         px, py = rng.uniform(5, 60), rng.uniform(-30, 30)
-        poles.append(np.stack([px + rng.normal(0, 0.05, 40),
-                               py + rng.normal(0, 0.05, 40),
-                               rng.uniform(KITTI_GROUND_Z, 0.8, 40),
-                               rng.uniform(0.3, 1.0, 40)], axis=1))
+        poles.append(
+            np.stack([
+                px + rng.normal(0, 0.05, 40), py + rng.normal(0, 0.05, 40),
+                rng.uniform(KITTI_GROUND_Z, 0.8, 40),
+                rng.uniform(0.3, 1.0, 40)
+            ],
+                     axis=1))
     pts = np.concatenate([ground] + poles)
     keep = np.ones(len(pts), bool)
     for obj in objects:
@@ -444,8 +502,10 @@ def _write_plane(path: Path) -> None:
 
 def _write_calib(path: Path) -> None:
     """Writes ``KITTI_CALIB`` in KITTI's ``calib/`` text format."""
-    lines = [f'{key}: ' + ' '.join(f'{v:.12e}' for v in values)
-             for key, values in KITTI_CALIB.items()]
+    lines = [
+        f'{key}: ' + ' '.join(f'{v:.12e}' for v in values)
+        for key, values in KITTI_CALIB.items()
+    ]
     path.write_text('\n'.join(lines) + '\n')
 
 
@@ -470,17 +530,19 @@ def _kitti_frame(root: Path, split: str, idx: int, seed: int) -> None:
     for obj in objects:
         dist = float(np.hypot(*obj['lidar_box'][0][:2]))
         per_metre = 9000 if obj['name'] == 'Car' else 2500
-        clouds.append(_surface_points(rng, obj['lidar_box'],
-                                      int(per_metre / dist) + 40))
+        clouds.append(
+            _surface_points(rng, obj['lidar_box'],
+                            int(per_metre / dist) + 40))
     name = f'{idx:06d}'
     folder = root / split
     np.concatenate(clouds).tofile(str(folder / 'velodyne' / f'{name}.bin'))
     _write_calib(folder / 'calib' / f'{name}.txt')
-    cv2.imwrite(str(folder / 'image_2' / f'{name}.png'),
-                _kitti_image(objects), [cv2.IMWRITE_PNG_COMPRESSION, 1])
+    cv2.imwrite(
+        str(folder / 'image_2' / f'{name}.png'), _kitti_image(objects),
+        [cv2.IMWRITE_PNG_COMPRESSION, 1])
     if split == 'training':
-        (folder / 'label_2' / f'{name}.txt').write_text(
-            ''.join(_label_line(o) + '\n' for o in objects))
+        (folder / 'label_2' / f'{name}.txt').write_text(''.join(
+            _label_line(o) + '\n' for o in objects))
         _write_plane(folder / 'planes' / f'{name}.txt')
 
 
@@ -507,13 +569,16 @@ def make_kitti_raw(root: Path, num_train: int, num_val: int, num_test: int,
         _kitti_frame(root, 'training', idx, seed)
     for idx in range(num_test):
         _kitti_frame(root, 'testing', idx, seed)
-    sets = {'train': range(num_train),
-            'val': range(num_train, num_train + num_val),
-            'trainval': range(num_train + num_val), 'test': range(num_test)}
+    sets = {
+        'train': range(num_train),
+        'val': range(num_train, num_train + num_val),
+        'trainval': range(num_train + num_val),
+        'test': range(num_test)
+    }
     (root / 'ImageSets').mkdir(exist_ok=True)
     for name, ids in sets.items():
-        (root / 'ImageSets' / f'{name}.txt').write_text(
-            ''.join(f'{i:06d}\n' for i in ids))
+        (root / 'ImageSets' / f'{name}.txt').write_text(''.join(f'{i:06d}\n'
+                                                                for i in ids))
 
 
 def mmdet3d_create_data_script() -> Path:
@@ -555,13 +620,19 @@ def run_kitti_converter(root: Path) -> None:
     env = dict(os.environ)
     env['PYTHONPATH'] = os.pathsep.join(
         [str(mim)] + [p for p in [env.get('PYTHONPATH')] if p])
-    args = [str(script), 'kitti', '--root-path', str(root), '--out-dir',
-            str(root), '--extra-tag', 'kitti', '--with-plane']
+    args = [
+        str(script), 'kitti', '--root-path',
+        str(root), '--out-dir',
+        str(root), '--extra-tag', 'kitti', '--with-plane'
+    ]
     log = root / 'create_data.log'
     with open(log, 'w') as f:
-        done = subprocess.run([sys.executable, '-c', _CONVERTER_DRIVER] + args,
-                              cwd=str(mim), env=env, stdout=f,
-                              stderr=subprocess.STDOUT)
+        done = subprocess.run(
+            [sys.executable, '-c', _CONVERTER_DRIVER] + args,
+            cwd=str(mim),
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT)
     if done.returncode != 0:
         tail = log.read_text()[-3000:]
         raise RuntimeError(f'create_data.py {" ".join(args[1:])} failed '
@@ -643,28 +714,46 @@ def build_parser() -> argparse.ArgumentParser:
         'KITTI set (OUT/kitti, with the infos and gt database of mmdet3d\'s '
         'create_data.py) for the tests and demos; the sample configs read '
         '--out data/sample. Everything follows from --seed.')
-    parser.add_argument('--out', type=Path, default=Path('data'),
-                        help='folder to write coco/ and kitti/ into '
-                        '(default: %(default)s)')
-    parser.add_argument('--coco-images', type=int, default=8,
-                        help='COCO train images; val gets half, rounded up '
-                        '(default: %(default)s)')
-    parser.add_argument('--coco-size', type=int, nargs=2,
-                        default=list(COCO_SIZE), metavar=('MIN', 'MAX'),
-                        help='least and largest COCO image side in pixels, '
-                        'width and height drawn independently (default: '
-                        '%(default)s; the benchmarks use 480 640)')
-    parser.add_argument('--kitti-frames', type=int, default=6,
-                        help='KITTI train frames; val and test get half each, '
-                        'rounded up (default: %(default)s)')
-    parser.add_argument('--seed', type=int, default=0,
-                        help='random seed of every image, box and point '
-                        '(default: %(default)s)')
-    parser.add_argument('--skip-existing', default=True,
-                        action=argparse.BooleanOptionalAction,
-                        help='leave a set alone when all its files exist '
-                        '(COCO: made with the same images, size and seed); '
-                        '--no-skip-existing writes both again')
+    parser.add_argument(
+        '--out',
+        type=Path,
+        default=Path('data'),
+        help='folder to write coco/ and kitti/ into '
+        '(default: %(default)s)')
+    parser.add_argument(
+        '--coco-images',
+        type=int,
+        default=8,
+        help='COCO train images; val gets half, rounded up '
+        '(default: %(default)s)')
+    parser.add_argument(
+        '--coco-size',
+        type=int,
+        nargs=2,
+        default=list(COCO_SIZE),
+        metavar=('MIN', 'MAX'),
+        help='least and largest COCO image side in pixels, '
+        'width and height drawn independently (default: '
+        '%(default)s; the benchmarks use 480 640)')
+    parser.add_argument(
+        '--kitti-frames',
+        type=int,
+        default=6,
+        help='KITTI train frames; val and test get half each, '
+        'rounded up (default: %(default)s)')
+    parser.add_argument(
+        '--seed',
+        type=int,
+        default=0,
+        help='random seed of every image, box and point '
+        '(default: %(default)s)')
+    parser.add_argument(
+        '--skip-existing',
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help='leave a set alone when all its files exist '
+        '(COCO: made with the same images, size and seed); '
+        '--no-skip-existing writes both again')
     return parser
 
 

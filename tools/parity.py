@@ -20,7 +20,8 @@ when all are identical (or within --atol; the order must be identical) and
 every batch of the fast run arrived packed.
 --fast-hooks adds hooks (registered types) to the fast run only: to debug,
 or to check that the checker catches a change: `--fast-hooks
-PerturbFirstBatchHook` (shipped in fast_parallel.parity.runner, which this tool imports) adds
+PerturbFirstBatchHook` (shipped in fast_parallel.parity.runner, which this
+tool imports) adds
 1.0 to one value of the fast run's first batch, and the report must say
 DIFFERENT.
 """
@@ -42,23 +43,36 @@ def parse_args(argv=None) -> argparse.Namespace:
     """Parses the command line."""
     parser = argparse.ArgumentParser(description='Stock vs fast, same seed')
     parser.add_argument('config')
-    parser.add_argument('--iters', type=int, required=True,
-                        help='training iterations per run')
-    parser.add_argument('--eval', action='store_true',
-                        help='validate after the last iteration')
-    parser.add_argument('--atol', type=float, default=0.0,
-                        help='absolute tolerance (0: identical, the default;'
-                        ' set it for multi-GPU runs)')
+    parser.add_argument(
+        '--iters', type=int, required=True, help='training iterations per run')
+    parser.add_argument(
+        '--eval',
+        action='store_true',
+        help='validate after the last iteration')
+    parser.add_argument(
+        '--atol',
+        type=float,
+        default=0.0,
+        help='absolute tolerance (0: identical, the default;'
+        ' set it for multi-GPU runs)')
     parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--no-deterministic', dest='deterministic',
-                        action='store_false')
+    parser.add_argument(
+        '--no-deterministic', dest='deterministic', action='store_false')
     parser.add_argument('--out', help='write a JSON report here')
-    parser.add_argument('--work-dir', help='parent of the two runs\' dirs '
-                        '(default: work_dirs/parity/<config name>)')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override settings of both runs, key=value')
-    parser.add_argument('--fast-hooks', nargs='+', default=[],
-                        help='hook types added to the fast run only')
+    parser.add_argument(
+        '--work-dir',
+        help='parent of the two runs\' dirs '
+        '(default: work_dirs/parity/<config name>)')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override settings of both runs, key=value')
+    parser.add_argument(
+        '--fast-hooks',
+        nargs='+',
+        default=[],
+        help='hook types added to the fast run only')
     return parser.parse_args(argv)
 
 
@@ -74,8 +88,11 @@ def main(argv=None) -> int:
         cfg.merge_from_dict(args.cfg_options)
     name = osp.splitext(osp.basename(args.config))[0]
     work_dir = args.work_dir or osp.join('work_dirs', 'parity', name)
-    with tqdm(total=2 * args.iters, desc=f'parity {name}', unit='iter',
-              file=sys.stderr) as bar:
+    with tqdm(
+            total=2 * args.iters,
+            desc=f'parity {name}',
+            unit='iter',
+            file=sys.stderr) as bar:
 
         def tick(path: str) -> None:
             bar.set_postfix_str(path, refresh=False)
@@ -84,9 +101,16 @@ def main(argv=None) -> int:
         # The runs' own output (logs, warnings, COCO tables) goes to
         # WORK_DIR/{stock,fast}/output.log; the progress bar keeps the
         # terminal.
-        result = run_parity(cfg, args.iters, args.eval, work_dir, args.seed,
-                            args.deterministic, args.fast_hooks, args.atol,
-                            progress=tick)
+        result = run_parity(
+            cfg,
+            args.iters,
+            args.eval,
+            work_dir,
+            args.seed,
+            args.deterministic,
+            args.fast_hooks,
+            args.atol,
+            progress=tick)
     rows, ok, order = result['rows'], result['ok'], result['order']
     print(f'\n## parity: {name}, {args.iters} iterations'
           f'{" + validation" if args.eval else ""}, atol={args.atol:g}\n')
@@ -109,11 +133,23 @@ def main(argv=None) -> int:
           f'{by_design}); the runs\' '
           f'logs are in {work_dir}/{{stock,fast}}/output.log')
     if args.out:
-        report = dict(config=args.config, iters=args.iters, eval=args.eval,
-                      atol=args.atol, seed=args.seed, ok=ok,
-                      verdict=result['verdict'], order=order, rows=rows,
-                      **{p: {k: v for k, v in r.items() if k != 'params'}
-                         for p, r in result['records'].items()})
+        report = dict(
+            config=args.config,
+            iters=args.iters,
+            eval=args.eval,
+            atol=args.atol,
+            seed=args.seed,
+            ok=ok,
+            verdict=result['verdict'],
+            order=order,
+            rows=rows,
+            **{
+                p: {
+                    k: v
+                    for k, v in r.items() if k != 'params'
+                }
+                for p, r in result['records'].items()
+            })
         with open(args.out, 'w') as f:
             json.dump(report, f, indent=1)
     return 0 if ok else 1

@@ -45,11 +45,14 @@ def main(argv=None) -> dict:
         if isinstance(evaluators, dict):
             evaluators = [evaluators]
         cfg.test_evaluator = list(evaluators) + [
-            dict(type='DumpResults', out_file_path=args.out)]
+            dict(type='DumpResults', out_file_path=args.out)
+        ]
     metrics = build_runner(cfg).test()
     if is_main_process():
-        printable = {k: float(v) if isinstance(v, (int, float)) else str(v)
-                     for k, v in metrics.items()}
+        printable = {
+            k: float(v) if isinstance(v, (int, float)) else str(v)
+            for k, v in metrics.items()
+        }
         print(json.dumps(printable, indent=1))
         if args.json:
             with open(args.json, 'w') as f:

@@ -28,10 +28,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         '--amp', action='store_true', help='enable automatic mixed precision')
     parser.add_argument(
-        '--auto-scale-lr', action='store_true',
+        '--auto-scale-lr',
+        action='store_true',
         help='scale the learning rate to the actual batch size')
     parser.add_argument(
-        '--resume', nargs='?', type=str, const='auto',
+        '--resume',
+        nargs='?',
+        type=str,
+        const='auto',
         help='resume from CHECKPOINT, or from the latest checkpoint in the '
         'work dir when no path is given')
     return parse_common_args(parser, argv)

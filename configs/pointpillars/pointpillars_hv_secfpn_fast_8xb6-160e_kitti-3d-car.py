@@ -1,6 +1,7 @@
 # PointPillars on KITTI (Car): mmdet3d's recipe on the fast data path, with the
 # final validation checked against the published result.
-_base_ = 'mmdet3d::pointpillars/pointpillars_hv_secfpn_8xb6-160e_kitti-3d-car.py'
+_base_ = ('mmdet3d::pointpillars/'
+          'pointpillars_hv_secfpn_8xb6-160e_kitti-3d-car.py')
 
 custom_imports = dict(
     imports=[

@@ -1,9 +1,11 @@
-# PointPillars (KITTI, Car) on the sample KITTI set (tools/make_sample_data.py),
-# on the fast path: minutes on a CPU, through the same KittiDataset, ObjectSample
+# PointPillars (KITTI, Car) on the sample KITTI set
+# (tools/make_sample_data.py), on the fast path: minutes on a CPU, through
+# the same KittiDataset, ObjectSample
 # / ObjectNoise / RandomFlip3D / GlobalRotScaleTrans pipeline and KITTI metric
 # as the full recipe. The pillar grid is 128x128 (0.54 x 0.62 m pillars)
 # instead of 432x496 so that a CPU step takes seconds.
-_base_ = 'mmdet3d::pointpillars/pointpillars_hv_secfpn_8xb6-160e_kitti-3d-car.py'
+_base_ = ('mmdet3d::pointpillars/'
+          'pointpillars_hv_secfpn_8xb6-160e_kitti-3d-car.py')
 
 custom_imports = dict(
     imports=[
@@ -37,8 +39,7 @@ db_sampler = dict(
     points_loader=dict(
         type='LoadPointsFromFile', coord_type='LIDAR', load_dim=4, use_dim=4))
 train_pipeline = [
-    dict(type='LoadPointsFromFile', coord_type='LIDAR', load_dim=4,
-         use_dim=4),
+    dict(type='LoadPointsFromFile', coord_type='LIDAR', load_dim=4, use_dim=4),
     dict(type='LoadAnnotations3D', with_bbox_3d=True, with_label_3d=True),
     dict(type='ObjectSample', db_sampler=db_sampler, use_ground_plane=False),
     dict(
@@ -60,8 +61,7 @@ train_pipeline = [
         keys=['points', 'gt_labels_3d', 'gt_bboxes_3d'])
 ]
 test_pipeline = [
-    dict(type='LoadPointsFromFile', coord_type='LIDAR', load_dim=4,
-         use_dim=4),
+    dict(type='LoadPointsFromFile', coord_type='LIDAR', load_dim=4, use_dim=4),
     dict(type='PointsRangeFilter', point_cloud_range=point_cloud_range),
     dict(type='Pack3DDetInputs', keys=['points'])
 ]
@@ -73,9 +73,7 @@ train_dataloader = dict(
     dataset=dict(
         times=1,
         dataset=dict(
-            data_root=data_root,
-            pipeline=train_pipeline,
-            metainfo=metainfo)))
+            data_root=data_root, pipeline=train_pipeline, metainfo=metainfo)))
 val_dataloader = dict(
     batch_size=2,
     num_workers=1,

@@ -96,8 +96,7 @@ param_scheduler = [
     )
 ]
 default_hooks = dict(
-    logger=dict(interval=1),
-    checkpoint=dict(interval=1, max_keep_ckpts=2))
+    logger=dict(interval=1), checkpoint=dict(interval=1, max_keep_ckpts=2))
 log_processor = dict(window_size=1)
 custom_hooks = [
     dict(

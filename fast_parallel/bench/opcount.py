@@ -64,7 +64,10 @@ class OpCounter(TorchDispatchMode):
         """int: Operations counted."""
         return sum(self.ops.values())
 
-    def __torch_dispatch__(self, func: Callable, types: Any, args=(),
+    def __torch_dispatch__(self,
+                           func: Callable,
+                           types: Any,
+                           args=(),
                            kwargs: Optional[Dict[str, Any]] = None) -> Any:
         if func.namespace == 'aten' and not func.is_view:
             self.ops[func.overloadpacket.__name__] += 1
@@ -104,16 +107,21 @@ class _CountStart(Hook):
         if self.counter is not None:
             self.counter.phase = 'train_step'
 
-    def before_train_iter(self, runner, batch_idx: int,
+    def before_train_iter(self,
+                          runner,
+                          batch_idx: int,
                           data_batch=None) -> None:
         """Starts counting; notes the batch's copies to a device."""
-        self.copies = (data_batch.num_copies
-                       if isinstance(data_batch, PackedBatch) else
-                       stock_transfers(data_batch)[0])
+        self.copies = (
+            data_batch.num_copies if isinstance(data_batch, PackedBatch) else
+            stock_transfers(data_batch)[0])
         self.counter = OpCounter('before_iter_hooks')
         self.counter.__enter__()
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
+    def after_train_iter(self,
+                         runner,
+                         batch_idx: int,
+                         data_batch=None,
                          outputs=None) -> None:
         """The step is over: what follows is hooks' work."""
         if self.counter is not None:
@@ -128,13 +136,18 @@ class _CountStop(Hook):
     def __init__(self, start: _CountStart) -> None:
         self.start = start
 
-    def before_train_iter(self, runner, batch_idx: int,
+    def before_train_iter(self,
+                          runner,
+                          batch_idx: int,
                           data_batch=None) -> None:
         """The hooks before the step are done: the step begins."""
         if self.start.counter is not None:
             self.start.counter.phase = 'train_step'
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
+    def after_train_iter(self,
+                         runner,
+                         batch_idx: int,
+                         data_batch=None,
                          outputs=None) -> None:
         """Stops counting and keeps the iteration's record."""
         counter, self.start.counter = self.start.counter, None
@@ -142,9 +155,12 @@ class _CountStop(Hook):
             return
         counter.__exit__(None, None, None)
         self.start.record.append(
-            dict(total=counter.total, ops=dict(counter.ops),
-                 phases={p: counter.phases[p] for p in PHASES},
-                 device_copies=self.start.copies))
+            dict(
+                total=counter.total,
+                ops=dict(counter.ops),
+                phases={p: counter.phases[p]
+                        for p in PHASES},
+                device_copies=self.start.copies))
 
 
 def count_iteration_ops(runner) -> List[dict]:

@@ -4,7 +4,8 @@ Each preset trains a few iterations under mmengine's Runner twice in this
 process, on the stock path (``fast_parallel.disable``) and on the fast path,
 from the same seed (so on the same batches), with the optimizer's
 ``foreach`` forced on so that a CPU takes the multi-tensor paths a GPU takes.
-:func:`~fast_parallel.bench.opcount.count_iteration_ops` counts every iteration;
+:func:`~fast_parallel.bench.opcount.count_iteration_ops` counts every
+iteration;
 the first ``warmup`` are left out of the medians (the optimizer creates its
 state in the first step).
 """
@@ -22,7 +23,10 @@ from fast_parallel.parity.runner import parity_config
 PATHS = ('stock', 'fast')
 
 
-def ops_config(cfg: Config, path: str, iters: int, work_dir: str,
+def ops_config(cfg: Config,
+               path: str,
+               iters: int,
+               work_dir: str,
                seed: int = 0) -> Config:
     """One counting run's config.
 
@@ -37,8 +41,8 @@ def ops_config(cfg: Config, path: str, iters: int, work_dir: str,
         Config: ``iters`` iterations, no validation, no checkpoints, quiet
         log, ``foreach=True``.
     """
-    run = parity_config(cfg, path, iters, False, work_dir, seed,
-                        deterministic=False)
+    run = parity_config(
+        cfg, path, iters, False, work_dir, seed, deterministic=False)
     optimizer = run.optim_wrapper.get('optimizer', None)
     if optimizer is None:
         raise ValueError('--ops: the config has no optim_wrapper.optimizer '
@@ -55,7 +59,8 @@ def count_run(cfg: Config) -> List[dict]:
         cfg (Config): From :func:`ops_config`.
 
     Returns:
-        list[dict]: See :func:`~fast_parallel.bench.opcount.count_iteration_ops`.
+        list[dict]: See
+        :func:`~fast_parallel.bench.opcount.count_iteration_ops`.
     """
     runner = Runner.from_cfg(cfg)
     record = count_iteration_ops(runner)
@@ -89,8 +94,10 @@ def summarize(records: Dict[str, List[dict]], warmup: int) -> dict:
         out[path] = dict(
             total=_median([r['total'] for r in measured]),
             per_iter=[r['total'] for r in measured],
-            phases={p: _median([r['phases'][p] for r in measured])
-                    for p in PHASES},
+            phases={
+                p: _median([r['phases'][p] for r in measured])
+                for p in PHASES
+            },
             device_copies=_median([r['device_copies'] for r in measured]))
     out['ratio'] = out['fast']['total'] / out['stock']['total']
     names = set()
@@ -98,18 +105,24 @@ def summarize(records: Dict[str, List[dict]], warmup: int) -> dict:
         for r in records[path][warmup:]:
             names.update(r['ops'])
     med = {
-        path: {n: _median([r['ops'].get(n, 0)
-                           for r in records[path][warmup:]])
-               for n in names}
+        path: {
+            n: _median([r['ops'].get(n, 0) for r in records[path][warmup:]])
+            for n in names
+        }
         for path in PATHS
     }
     diff = Counter({n: abs(med['stock'][n] - med['fast'][n]) for n in names})
-    out['changed'] = {n: dict(stock=med['stock'][n], fast=med['fast'][n])
-                      for n, d in diff.most_common(8) if d}
+    out['changed'] = {
+        n: dict(stock=med['stock'][n], fast=med['fast'][n])
+        for n, d in diff.most_common(8) if d
+    }
     return out
 
 
-def count_preset(cfg: Config, iters: int, warmup: int, work_dir: str,
+def count_preset(cfg: Config,
+                 iters: int,
+                 warmup: int,
+                 work_dir: str,
                  seed: int = 0) -> dict:
     """Counts stock and fast on one config; see :func:`summarize`.
 
@@ -124,8 +137,10 @@ def count_preset(cfg: Config, iters: int, warmup: int, work_dir: str,
         dict: :func:`summarize`'s result plus ``batch_size``.
     """
     records = {
-        path: count_run(ops_config(copy.deepcopy(cfg), path, warmup + iters,
-                                   work_dir, seed))
+        path:
+        count_run(
+            ops_config(
+                copy.deepcopy(cfg), path, warmup + iters, work_dir, seed))
         for path in PATHS
     }
     summary = summarize(records, warmup)
@@ -135,12 +150,14 @@ def count_preset(cfg: Config, iters: int, warmup: int, work_dir: str,
 
 def format_ops(results: Dict[str, dict]) -> str:
     """Markdown tables of :func:`count_preset` results by preset name."""
-    lines = ['## Operations dispatched per training iteration (median, '
-             'views left out, optimizer foreach=True)', '',
-             '| config | batch | stock ops | fast ops | fast / stock | '
-             'stock: train_step / optimizer / hooks | fast: train_step / '
-             'optimizer / hooks | copies to device stock / fast |',
-             '| --- | ---: | ---: | ---: | ---: | --- | --- | ---: |']
+    lines = [
+        '## Operations dispatched per training iteration (median, '
+        'views left out, optimizer foreach=True)', '',
+        '| config | batch | stock ops | fast ops | fast / stock | '
+        'stock: train_step / optimizer / hooks | fast: train_step / '
+        'optimizer / hooks | copies to device stock / fast |',
+        '| --- | ---: | ---: | ---: | ---: | --- | --- | ---: |'
+    ]
 
     def phases(r: dict) -> str:
         p = r['phases']
@@ -155,8 +172,10 @@ def format_ops(results: Dict[str, dict]) -> str:
             f'{phases(r["stock"])} | {phases(r["fast"])} | '
             f'{r["stock"]["device_copies"]:.0f} / '
             f'{r["fast"]["device_copies"]:.0f} |')
-    lines += ['', 'Operations that changed most (median per iteration, '
-              'stock -> fast):', '']
+    lines += [
+        '', 'Operations that changed most (median per iteration, '
+        'stock -> fast):', ''
+    ]
     for name, r in results.items():
         changed = ', '.join(f'{op} {c["stock"]:,.0f} -> {c["fast"]:,.0f}'
                             for op, c in r['changed'].items())

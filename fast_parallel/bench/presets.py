@@ -16,9 +16,9 @@ ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 #: name -> (config path relative to the repository root, data kind).
 PRESETS: Dict[str, tuple] = {
     'yolox_s': ('configs/yolox/yolox_s_fast_8xb8-300e_coco.py', 'coco'),
-    'pointpillars': ('configs/pointpillars/'
-                     'pointpillars_hv_secfpn_fast_8xb6-160e_kitti-3d-car.py',
-                     'kitti'),
+    'pointpillars':
+    ('configs/pointpillars/'
+     'pointpillars_hv_secfpn_fast_8xb6-160e_kitti-3d-car.py', 'kitti'),
     'yolox_tiny_sample': ('configs/yolox/yolox_tiny_fast_sample.py', 'coco'),
     'pointpillars_sample': ('configs/pointpillars/'
                             'pointpillars_hv_secfpn_fast_sample.py', 'kitti'),
@@ -42,22 +42,25 @@ def data_options(kind: str, root: Union[str, Path]) -> List[str]:
     if kind in ('yolox', 'coco'):
         coco = f'{root}/coco/'
         ann = f'{coco}annotations/instances_val2017.json'
-        return [f'train_dataloader.dataset.dataset.data_root={coco}',
-                f'val_dataloader.dataset.data_root={coco}',
-                f'test_dataloader.dataset.data_root={coco}',
-                f'val_evaluator.ann_file={ann}',
-                f'test_evaluator.ann_file={ann}']
+        return [
+            f'train_dataloader.dataset.dataset.data_root={coco}',
+            f'val_dataloader.dataset.data_root={coco}',
+            f'test_dataloader.dataset.data_root={coco}',
+            f'val_evaluator.ann_file={ann}', f'test_evaluator.ann_file={ann}'
+        ]
     if kind not in ('pointpillars', 'kitti'):
         raise ValueError(f'no data options for {kind!r}')
     kitti = f'{root}/kitti/'
     sampler = 'train_dataloader.dataset.dataset.pipeline.2.db_sampler'
-    return [f'train_dataloader.dataset.dataset.data_root={kitti}',
-            f'{sampler}.data_root={kitti}',
-            f'{sampler}.info_path={kitti}kitti_dbinfos_train.pkl',
-            f'val_dataloader.dataset.data_root={kitti}',
-            f'test_dataloader.dataset.data_root={kitti}',
-            f'val_evaluator.ann_file={kitti}kitti_infos_val.pkl',
-            f'test_evaluator.ann_file={kitti}kitti_infos_val.pkl']
+    return [
+        f'train_dataloader.dataset.dataset.data_root={kitti}',
+        f'{sampler}.data_root={kitti}',
+        f'{sampler}.info_path={kitti}kitti_dbinfos_train.pkl',
+        f'val_dataloader.dataset.data_root={kitti}',
+        f'test_dataloader.dataset.data_root={kitti}',
+        f'val_evaluator.ann_file={kitti}kitti_infos_val.pkl',
+        f'test_evaluator.ann_file={kitti}kitti_infos_val.pkl'
+    ]
 
 
 def load_preset(name: str, data: Union[str, Path]) -> Config:
@@ -91,6 +94,8 @@ def without_accuracy_check(cfg: Config) -> Config:
     Returns:
         Config: ``cfg``.
     """
-    cfg.custom_hooks = [h for h in cfg.get('custom_hooks', None) or []
-                        if h.get('type') != 'AccuracyParityHook']
+    cfg.custom_hooks = [
+        h for h in cfg.get('custom_hooks', None) or []
+        if h.get('type') != 'AccuracyParityHook'
+    ]
     return cfg

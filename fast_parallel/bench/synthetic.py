@@ -10,8 +10,8 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 
-def _count(rng: np.random.Generator, most: int,
-           fixed: Optional[Sequence[int]], i: int) -> int:
+def _count(rng: np.random.Generator, most: int, fixed: Optional[Sequence[int]],
+           i: int) -> int:
     return int(fixed[i]) if fixed is not None else int(
         rng.integers(0, most + 1))
 
@@ -60,13 +60,13 @@ def yolox_samples(batch_size: int = 8,
     return samples
 
 
-def pointpillars_samples(batch_size: int = 6,
-                         min_points: int = 15000,
-                         max_points: int = 25000,
-                         max_boxes: int = 40,
-                         seed: int = 0,
-                         num_boxes: Optional[Sequence[int]] = None
-                         ) -> List[Dict]:
+def pointpillars_samples(
+        batch_size: int = 6,
+        min_points: int = 15000,
+        max_points: int = 25000,
+        max_boxes: int = 40,
+        seed: int = 0,
+        num_boxes: Optional[Sequence[int]] = None) -> List[Dict]:
     """Packed LiDAR samples: ``N x 4`` float32 clouds and LiDAR boxes.
 
     Args:
@@ -97,7 +97,8 @@ def pointpillars_samples(batch_size: int = 6,
             rng.uniform([0, -40, -2], [70, 40, 0], (n, 3)),
             rng.uniform([3.2, 1.4, 1.4], [4.6, 1.9, 1.7], (n, 3)),
             rng.uniform(-np.pi, np.pi, (n, 1))
-        ], axis=1).astype(np.float32)
+        ],
+                               axis=1).astype(np.float32)
         results = dict(
             points=LiDARPoints(pts, points_dim=4),
             gt_bboxes_3d=LiDARInstance3DBoxes(boxes),

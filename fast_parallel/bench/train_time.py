@@ -37,9 +37,9 @@ from mmengine.config import Config, DictAction
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
+from fast_parallel.bench.presets import ROOT, without_accuracy_check
 from fast_parallel.data.loader import accelerator_available
 from fast_parallel.parity.runner import parity_config
-from fast_parallel.bench.presets import ROOT, without_accuracy_check
 
 ARMS = ('stock', 'stock+pin_memory', 'fast')
 
@@ -54,14 +54,20 @@ class SyncAtIterEndHook(Hook):
 
     priority = 'ABOVE_NORMAL'
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
+    def after_train_iter(self,
+                         runner,
+                         batch_idx: int,
+                         data_batch=None,
                          outputs=None) -> None:
         """Synchronises every visible GPU."""
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
 
-def arm_config(cfg: Config, arm: str, iters: int, work_dir: str,
+def arm_config(cfg: Config,
+               arm: str,
+               iters: int,
+               work_dir: str,
                seed: int = 0) -> Config:
     """One run's config.
 
@@ -77,13 +83,19 @@ def arm_config(cfg: Config, arm: str, iters: int, work_dir: str,
     """
     if arm not in ARMS:
         raise ValueError(f'unknown arm {arm!r}; one of {ARMS}')
-    run = parity_config(cfg, 'fast' if arm == 'fast' else 'stock', iters,
-                        False, work_dir, seed, deterministic=False)
+    run = parity_config(
+        cfg,
+        'fast' if arm == 'fast' else 'stock',
+        iters,
+        False,
+        work_dir,
+        seed,
+        deterministic=False)
     if arm == 'stock+pin_memory' and accelerator_available():
         # without an accelerator torch pins nothing, and warns
         run.train_dataloader.pin_memory = True
-    run.custom_hooks = list(run.get('custom_hooks', None) or []) + [
-        dict(type='SyncAtIterEndHook')]
+    run.custom_hooks = list(run.get('custom_hooks', None)
+                            or []) + [dict(type='SyncAtIterEndHook')]
     run.log_level = 'WARNING'
     return run
 
@@ -102,9 +114,10 @@ def run_arm(cfg: Config) -> dict:
     runner = Runner.from_cfg(cfg)
     runner.train()
     scalars = runner.message_hub.log_scalars
-    return dict(time=scalars['train/time'].data[0].tolist(),
-                data_time=scalars['train/data_time'].data[0].tolist(),
-                batch_size=runner.train_dataloader.batch_size)
+    return dict(
+        time=scalars['train/time'].data[0].tolist(),
+        data_time=scalars['train/data_time'].data[0].tolist(),
+        batch_size=runner.train_dataloader.batch_size)
 
 
 def _median(values: List[float]) -> float:
@@ -134,11 +147,15 @@ def summarize(runs: Dict[str, List[dict]], warmup: int) -> dict:
                              'warm-up')
         batch = records[0]['batch_size']
         out[arm] = dict(
-            time_s=_median(times), data_time_s=_median(data),
+            time_s=_median(times),
+            data_time_s=_median(data),
             samples_per_s=batch / _median(times),
-            min_time_s=min(times), max_time_s=max(times),
+            min_time_s=min(times),
+            max_time_s=max(times),
             per_repeat_time_s=[_median(r['time'][warmup:]) for r in records],
-            iters=len(times), batch_size=batch, times_s=times,
+            iters=len(times),
+            batch_size=batch,
+            times_s=times,
             data_times_s=data)
     if 'stock' in out:
         for arm in out:
@@ -146,10 +163,15 @@ def summarize(runs: Dict[str, List[dict]], warmup: int) -> dict:
     return out
 
 
-def run_arms(config: str, arms: Sequence[str], iters: int, warmup: int,
-             repeats: int, cfg_options: Sequence[str] = (),
+def run_arms(config: str,
+             arms: Sequence[str],
+             iters: int,
+             warmup: int,
+             repeats: int,
+             cfg_options: Sequence[str] = (),
              work_dir: str = 'work_dirs/benchmark_train',
-             timeout: float = 3600, progress=None) -> dict:
+             timeout: float = 3600,
+             progress=None) -> dict:
     """Every arm ``repeats`` times, alternating, each in a fresh process.
 
     Args:
@@ -177,12 +199,19 @@ def run_arms(config: str, arms: Sequence[str], iters: int, warmup: int,
         for arm in list(arms[shift:]) + list(arms[:shift]):
             with tempfile.TemporaryDirectory() as tmp:
                 out = os.path.join(tmp, 'arm.json')
-                cmd = [sys.executable, '-m', 'fast_parallel.bench.train_time',
-                       config, arm, str(iters), out, '--work-dir', work_dir]
+                cmd = [
+                    sys.executable, '-m', 'fast_parallel.bench.train_time',
+                    config, arm,
+                    str(iters), out, '--work-dir', work_dir
+                ]
                 if cfg_options:
                     cmd += ['--cfg-options', *cfg_options]
-                done = subprocess.run(cmd, capture_output=True, text=True,
-                                      timeout=timeout, env=_env())
+                done = subprocess.run(
+                    cmd,
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout,
+                    env=_env())
                 if done.returncode != 0:
                     raise RuntimeError(
                         f'benchmark arm {arm} failed ({done.returncode}):\n'
@@ -193,10 +222,15 @@ def run_arms(config: str, arms: Sequence[str], iters: int, warmup: int,
             if progress is not None:
                 progress()
     result = summarize(runs, warmup)
-    return dict(arms=result, order=order,
-                settings=dict(config=config, iters=iters, warmup=warmup,
-                              repeats=repeats,
-                              cfg_options=list(cfg_options)))
+    return dict(
+        arms=result,
+        order=order,
+        settings=dict(
+            config=config,
+            iters=iters,
+            warmup=warmup,
+            repeats=repeats,
+            cfg_options=list(cfg_options)))
 
 
 def _env() -> Dict[str, str]:
@@ -241,13 +275,15 @@ def warnings_for(result: dict, cuda: bool) -> List[str]:
 def format_train(result: dict, machine: str, cuda: bool = False) -> str:
     """A markdown table of :func:`run_arms`' result, warnings below it."""
     s = result['settings']
-    lines = [f'## Training iterations end to end '
-             f'({os.path.basename(s["config"])}, '
-             f'{s["iters"] - s["warmup"]} measured iterations x '
-             f'{s["repeats"]} runs per arm, fresh processes; {machine})', '',
-             '| arm | iteration ms (median) | min-max ms | data_time ms | '
-             'samples/s | time / stock | per-run medians ms | iterations |',
-             '| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |']
+    lines = [
+        f'## Training iterations end to end '
+        f'({os.path.basename(s["config"])}, '
+        f'{s["iters"] - s["warmup"]} measured iterations x '
+        f'{s["repeats"]} runs per arm, fresh processes; {machine})', '',
+        '| arm | iteration ms (median) | min-max ms | data_time ms | '
+        'samples/s | time / stock | per-run medians ms | iterations |',
+        '| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |'
+    ]
     for arm, r in result['arms'].items():
         spread = ', '.join(f'{t * 1e3:.1f}' for t in r['per_repeat_time_s'])
         ratio = f'{r["ratio"]:.2f}' if 'ratio' in r else '-'

@@ -8,40 +8,55 @@ one, the part that needs it fails at once with :class:`CompatError`, naming
 the internal, the installed and the checked version and what to do. See
 ``docs/troubleshooting.md``.
 """
+# yapf: disable
 from fast_parallel.compat.core import (CHECKED_ON, CompatError,
                                        installed_version, missing, private)
 from fast_parallel.compat.mmdet import (STATEFUL_MODULE_ATTRS,
                                         SWITCH_ONCE_HOOKS, YOLOX_HEAD_METHODS,
                                         switched_hooks, yolox_targets_single)
-from fast_parallel.compat.mmengine import (
-    ELEMENT_FIELD_SETS, LOADER_CONFIGS, check_runner, counts_iterations, data_element_fields,
-    decide_val_interval, history_statistics_methods, infinite_iterator_class,
-    is_resuming, loader_config, loop_as_is, loop_length, loop_progress,
-    message_hub_instances, preprocessor_device, randomness_config,
-    run_forward, train_loop)
-from fast_parallel.compat.torch_data import (
-    base_iterator_class, check_dataloader_internals, dataloader_class,
-    dispatch_mode_class, fast_iterator_classes, iterator_base_seed,
-    override_start, persistent_iterator, rehold,
-    set_persistent_iterator, shutdown_workers, start_iterator,
-    started_iterators)
+from fast_parallel.compat.mmengine import (ELEMENT_FIELD_SETS, LOADER_CONFIGS,
+                                           check_runner, counts_iterations,
+                                           data_element_fields,
+                                           decide_val_interval,
+                                           history_statistics_methods,
+                                           infinite_iterator_class,
+                                           is_resuming, loader_config,
+                                           loop_as_is, loop_length,
+                                           loop_progress,
+                                           message_hub_instances,
+                                           preprocessor_device,
+                                           randomness_config, run_forward,
+                                           train_loop)
+from fast_parallel.compat.torch_data import (base_iterator_class,
+                                             check_dataloader_internals,
+                                             dataloader_class,
+                                             dispatch_mode_class,
+                                             fast_iterator_classes,
+                                             iterator_base_seed,
+                                             override_start,
+                                             persistent_iterator, rehold,
+                                             set_persistent_iterator,
+                                             shutdown_workers, start_iterator,
+                                             started_iterators)
+
+# yapf: enable
 
 #: Where numpy 1 (``numpy.core``) and numpy 2 (``numpy._core``) pickle
 #: their array and scalar rebuilders from.
 NUMPY_PICKLE_MODULES = ('numpy.core.multiarray', 'numpy._core.multiarray')
 
 __all__ = [
-    'CHECKED_ON', 'CompatError', 'ELEMENT_FIELD_SETS', 'LOADER_CONFIGS', 'NUMPY_PICKLE_MODULES',
-    'STATEFUL_MODULE_ATTRS', 'SWITCH_ONCE_HOOKS', 'YOLOX_HEAD_METHODS',
-    'base_iterator_class', 'check_dataloader_internals', 'check_runner',
-    'counts_iterations', 'data_element_fields', 'dataloader_class',
-    'decide_val_interval', 'dispatch_mode_class', 'fast_iterator_classes',
-    'history_statistics_methods', 'infinite_iterator_class',
-    'installed_version', 'is_resuming', 'iterator_base_seed',
-    'loader_config', 'loop_as_is', 'loop_length',
+    'CHECKED_ON', 'CompatError', 'ELEMENT_FIELD_SETS', 'LOADER_CONFIGS',
+    'NUMPY_PICKLE_MODULES', 'STATEFUL_MODULE_ATTRS', 'SWITCH_ONCE_HOOKS',
+    'YOLOX_HEAD_METHODS', 'base_iterator_class', 'check_dataloader_internals',
+    'check_runner', 'counts_iterations', 'data_element_fields',
+    'dataloader_class', 'decide_val_interval', 'dispatch_mode_class',
+    'fast_iterator_classes', 'history_statistics_methods',
+    'infinite_iterator_class', 'installed_version', 'is_resuming',
+    'iterator_base_seed', 'loader_config', 'loop_as_is', 'loop_length',
     'loop_progress', 'message_hub_instances', 'missing', 'override_start',
     'persistent_iterator', 'preprocessor_device', 'private',
     'randomness_config', 'rehold', 'run_forward', 'set_persistent_iterator',
-    'shutdown_workers', 'start_iterator', 'started_iterators', 'switched_hooks', 'train_loop',
-    'yolox_targets_single'
+    'shutdown_workers', 'start_iterator', 'started_iterators',
+    'switched_hooks', 'train_loop', 'yolox_targets_single'
 ]

@@ -9,7 +9,7 @@ parts need internals that upstream may rename in any release:
 - mmengine's Runner and loops (the DataLoader configs the Runner keeps,
   ``_randomness_cfg``, ``_InfiniteDataloaderIterator``, the loops'
   counters; ``HistoryBuffer``'s statistics methods for safe loading);
-- torch's optimizer internals (:mod:`fast_parallel.step.fused_optim`), which are
+- torch's optimizer internals (:mod:`fast_parallel.compat.optim`), which are
   optional: without them the optimizer stays stock, with the reason in the
   log.
 
@@ -21,8 +21,13 @@ instead of a bare ``AttributeError`` deep in a training run.
 from typing import Any
 
 #: The versions every internal below was checked on (the project's pins).
-CHECKED_ON = {'torch': '2.13.0', 'mmengine': '0.10.7', 'mmcv': '2.1.0',
-              'mmdet': '3.3.0', 'mmdet3d': '1.4.0'}
+CHECKED_ON = {
+    'torch': '2.13.0',
+    'mmengine': '0.10.7',
+    'mmcv': '2.1.0',
+    'mmdet': '3.3.0',
+    'mmdet3d': '1.4.0'
+}
 
 
 class CompatError(RuntimeError):
@@ -80,5 +85,3 @@ def private(obj: Any, name: str, package: str, used_for: str) -> Any:
         owner = obj.__name__ if isinstance(obj, type) or hasattr(
             obj, '__file__') else type(obj).__name__
         raise missing(package, f'{owner}.{name}', used_for) from None
-
-

@@ -9,9 +9,10 @@ from fast_parallel.compat.core import private
 
 #: Module classes whose plain attributes a resumed run needs, by
 #: ``(module path, class name)``: their attribute names.
+_RESIZE = ('mmdet.models.data_preprocessors.data_preprocessor',
+           'BatchSyncRandomResize')
 STATEFUL_MODULE_ATTRS: Dict[Tuple[str, str], Tuple[str, ...]] = {
-    ('mmdet.models.data_preprocessors.data_preprocessor',
-     'BatchSyncRandomResize'): ('_input_size', ),
+    _RESIZE: ('_input_size', ),
 }
 #: ``YOLOXHead``'s per-image target method and its L1 helper (the stock
 #: path batched targets fall back to, and must not find overridden).
@@ -28,8 +29,10 @@ def yolox_targets_single(head: Any) -> Any:
 #: workers to do it, and the attribute that says they have switched
 #: (mmdet 3.3.0). A resumed run's instance starts unswitched: it switches
 #: again in the first resumed epoch, wherever the original switched.
-SWITCH_ONCE_HOOKS = {'YOLOXModeSwitchHook': '_has_switched',
-                     'PipelineSwitchHook': '_has_switched'}
+SWITCH_ONCE_HOOKS = {
+    'YOLOXModeSwitchHook': '_has_switched',
+    'PipelineSwitchHook': '_has_switched'
+}
 
 
 def switched_hooks(hooks: Any) -> set:

@@ -48,8 +48,9 @@ def loop_as_is(runner: Any, kind: str) -> Any:
 
 def is_resuming(runner: Any) -> bool:
     """Whether the Runner resumes (``resume=True``) rather than loads."""
-    return bool(private(runner, '_resume', 'mmengine',
-                        'exact resume (telling a resume from a load)'))
+    return bool(
+        private(runner, '_resume', 'mmengine',
+                'exact resume (telling a resume from a load)'))
 
 
 def decide_val_interval(loop: Any) -> None:
@@ -62,8 +63,9 @@ def decide_val_interval(loop: Any) -> None:
 def history_statistics_methods() -> set:
     """The statistics methods registered on mmengine's ``HistoryBuffer``."""
     from mmengine.logging import HistoryBuffer
-    return set(private(HistoryBuffer, '_statistics_methods', 'mmengine',
-                       'loading checkpoints with weights_only=True'))
+    return set(
+        private(HistoryBuffer, '_statistics_methods', 'mmengine',
+                'loading checkpoints with weights_only=True'))
 
 
 def message_hub_instances() -> dict:
@@ -77,8 +79,8 @@ def message_hub_instances() -> dict:
 def run_forward(model: Any, data: Any, mode: str) -> Any:
     """``BaseModel._run_forward``: the forward on a dict or a tuple batch."""
     return private(model, '_run_forward', 'mmengine',
-                   'the forward of a FastDataParallel replica')(data,
-                                                                mode=mode)
+                   'the forward of a FastDataParallel replica')(
+                       data, mode=mode)
 
 
 def preprocessor_device(preprocessor: Any) -> Any:
@@ -182,5 +184,3 @@ def check_runner(runner: Any) -> None:
     cls = infinite_iterator_class()
     for attr in ('__init__', '__next__'):
         private(cls, attr, 'mmengine', 'IterBasedTrainLoop\'s iterator')
-
-

@@ -18,10 +18,10 @@ from fast_parallel.compat.core import CompatError, missing, private
 __all__ = [
     'OPTIM_INTERNALS', 'MISSING_INTERNALS', 'FOREACH_OPS',
     'check_optim_internals', 'missing_foreach_ops',
-    'default_to_fused_or_foreach', 'use_grad_for_differentiable',
-    'init_group', 'patch_step_function', 'unhooked_step',
-    'graph_capture_health_check', 'foreach_lerp_', 'foreach_mul_',
-    'foreach_add_', 'foreach_sub', 'foreach_copy_'
+    'default_to_fused_or_foreach', 'use_grad_for_differentiable', 'init_group',
+    'patch_step_function', 'unhooked_step', 'graph_capture_health_check',
+    'foreach_lerp_', 'foreach_mul_', 'foreach_add_', 'foreach_sub',
+    'foreach_copy_'
 ]
 
 _OPTIM_USE = 'the fused optimizer step (fast_parallel.step.fused_optim)'
@@ -52,16 +52,21 @@ OPTIM_INTERNALS = {
     _optional(optimizer_module, '_default_to_fused_or_foreach'),
     'torch.optim.optimizer._use_grad_for_differentiable':
     _optional(optimizer_module, '_use_grad_for_differentiable'),
-    'torch.optim.sgd.sgd': _optional(sgd_module, 'sgd'),
-    'torch.optim.adam.adam': _optional(adam_module, 'adam'),
+    'torch.optim.sgd.sgd':
+    _optional(sgd_module, 'sgd'),
+    'torch.optim.adam.adam':
+    _optional(adam_module, 'adam'),
     'Optimizer._patch_step_function':
     _optional(Optimizer, '_patch_step_function'),
-    'SGD._init_group': _optional(SGD, '_init_group'),
-    'Adam._init_group': _optional(Adam, '_init_group'),
+    'SGD._init_group':
+    _optional(SGD, '_init_group'),
+    'Adam._init_group':
+    _optional(Adam, '_init_group'),
     'torch.compiler.is_compiling':
     _optional(getattr(torch, 'compiler', None), 'is_compiling'),
     # AdamW as Adam(decoupled_weight_decay=True), torch >= 2.7 or so
-    'AdamW as a subclass of Adam': True if issubclass(AdamW, Adam) else None,
+    'AdamW as a subclass of Adam':
+    True if issubclass(AdamW, Adam) else None,
 }
 #: The internals this torch lacks (empty on the versions checked).
 MISSING_INTERNALS: List[str] = [

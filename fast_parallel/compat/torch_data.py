@@ -29,10 +29,10 @@ def dataloader_class(name: str) -> type:
 
 
 #: What the fast iterators use of torch's: (class name, attribute).
-_ITERATOR_METHODS = (('_BaseDataLoaderIter', '_next_data'),
-                     ('_BaseDataLoaderIter', '_reset'),
-                     ('_MultiProcessingDataLoaderIter', '_shutdown_workers'),
-                     ('DataLoader', '_get_iterator'),
+_ITERATOR_METHODS = (('_BaseDataLoaderIter',
+                      '_next_data'), ('_BaseDataLoaderIter', '_reset'),
+                     ('_MultiProcessingDataLoaderIter',
+                      '_shutdown_workers'), ('DataLoader', '_get_iterator'),
                      ('DataLoader', 'check_worker_number_rationality'))
 #: Attributes torch's iterators set in ``__init__`` that fast_parallel reads.
 _ITERATOR_STATE = ('_base_seed', '_sampler_iter', '_num_yielded',
@@ -79,12 +79,10 @@ def set_persistent_iterator(loader: Any, iterator: Any) -> None:
     loader._iterator = iterator
 
 
-
-
 def iterator_base_seed(iterator: Any) -> Optional[int]:
     """The base seed a DataLoader iterator gave its workers, or None."""
-    return None if iterator is None else private(
-        iterator, '_base_seed', 'torch', _PERSISTENT_USE)
+    return None if iterator is None else private(iterator, '_base_seed',
+                                                 'torch', _PERSISTENT_USE)
 
 
 def shutdown_workers(iterator: Any) -> None:
@@ -111,8 +109,7 @@ def override_start(loader: Any, start: Optional[Callable[[], Any]]) -> None:
         loader._get_iterator = start
 
 
-def rehold(holder: Any, attr: str, old: Any, new: Any,
-           iterator: Any) -> None:
+def rehold(holder: Any, attr: str, old: Any, new: Any, iterator: Any) -> None:
     """Points a holder that :func:`started_iterators` found at a new loader
     and its iterator (the old loader itself is left alone).
 
@@ -130,8 +127,7 @@ def rehold(holder: Any, attr: str, old: Any, new: Any,
     setattr(holder, attr, iterator)
 
 
-def started_iterators(loop: Any,
-                      loader: Any) -> list:
+def started_iterators(loop: Any, loader: Any) -> list:
     """Where a loop (or its loader) holds an iterator already started.
 
     Looks at the loader's persistent iterator (``loader._iterator``), the
@@ -157,7 +153,6 @@ def started_iterators(loop: Any,
                 getattr(value, '_iterator', None), base_iterator_class())):
             found.append((value, '_iterator'))
     return found
-
 
 
 def base_iterator_class() -> type:

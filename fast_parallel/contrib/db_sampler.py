@@ -99,9 +99,12 @@ class DataBaseSamplerNp124(DataBaseSampler):
             for i, s_points in enumerate(s_points_list):
                 s_points.tensor[:, 2].sub_(dz[i])
         return {
-            'gt_labels_3d': gt_labels,
-            'gt_bboxes_3d': sampled_gt_bboxes,
-            'points': s_points_list[0].cat(s_points_list),
-            'group_ids': np.arange(gt_bboxes.shape[0],
-                                   gt_bboxes.shape[0] + len(sampled))
+            'gt_labels_3d':
+            gt_labels,
+            'gt_bboxes_3d':
+            sampled_gt_bboxes,
+            'points':
+            s_points_list[0].cat(s_points_list),
+            'group_ids':
+            np.arange(gt_bboxes.shape[0], gt_bboxes.shape[0] + len(sampled))
         }

@@ -128,7 +128,6 @@ def find_adapter(cls: type) -> Optional[Adapter]:
     registrar = _LAZY.pop(cls.__module__.split('.')[0], None)
     if registrar is not None:
         registrar()
-    adapter = next((_ADAPTERS[k] for k in cls.__mro__ if k in _ADAPTERS),
-                   None)
+    adapter = next((_ADAPTERS[k] for k in cls.__mro__ if k in _ADAPTERS), None)
     _RESOLVED[cls] = adapter
     return adapter

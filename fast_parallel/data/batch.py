@@ -117,9 +117,15 @@ class PackedBatch:
     def _replace(self, buffers: Dict[torch.dtype, torch.Tensor],
                  device: Optional[torch.device], non_blocking: bool,
                  moved: bool, pinned: bool) -> 'PackedBatch':
-        return PackedBatch(buffers, self.layout, self.skeleton, device,
-                           non_blocking, moved=moved,
-                           worker_states=self.worker_states, pinned=pinned)
+        return PackedBatch(
+            buffers,
+            self.layout,
+            self.skeleton,
+            device,
+            non_blocking,
+            moved=moved,
+            worker_states=self.worker_states,
+            pinned=pinned)
 
     def pin_memory(self, device: Optional[DeviceLike] = None) -> 'PackedBatch':
         """Pins the buffers (the DataLoader's pin-memory thread calls this).
@@ -145,8 +151,8 @@ class PackedBatch:
         if self.pinned:
             return self
         pinned = {dt: _pinned_copy(b) for dt, b in self.buffers.items()}
-        return self._replace(pinned, self.device, self.non_blocking,
-                             self.moved, pinned=True)
+        return self._replace(
+            pinned, self.device, self.non_blocking, self.moved, pinned=True)
 
     def to(self,
            device: DeviceLike,
@@ -170,17 +176,22 @@ class PackedBatch:
             # ``unpack`` reads these buffers on the host for the dense
             # copies: a non-blocking device-to-host copy may not have landed.
             copy_non_blocking = False
-        moved = {dt: b.to(device, non_blocking=copy_non_blocking)
-                 for dt, b in self.buffers.items()}
+        moved = {
+            dt: b.to(device, non_blocking=copy_non_blocking)
+            for dt, b in self.buffers.items()
+        }
         # Stock's ``tensor.to(device)`` returns the tensor itself when it is
         # on ``device`` already (``Tensor.to`` resolves ``'cuda'`` to the
         # current index, as it does for the buffers here) and copies it
         # otherwise. The buffers were copied iff their device changed.
         crossed = source is not None and _device_of(moved) != source
         # Uncrossed, the buffers are the same tensors: pinned as before.
-        return self._replace(moved, device, non_blocking,
-                             self.moved or crossed,
-                             pinned=self.pinned and not crossed)
+        return self._replace(
+            moved,
+            device,
+            non_blocking,
+            self.moved or crossed,
+            pinned=self.pinned and not crossed)
 
     def _has_undense_leaves(self) -> bool:
         return any(entry.moved_stride is not None for entry in self.layout)
@@ -210,15 +221,15 @@ class PackedBatch:
             UnpackContext(views, self.device, self.non_blocking))
 
     def __repr__(self) -> str:
-        dtypes = ', '.join(str(dt).replace('torch.', '')
-                           for dt in self.buffers)
+        dtypes = ', '.join(
+            str(dt).replace('torch.', '') for dt in self.buffers)
         return (f'PackedBatch(leaves={self.num_leaves}, copies='
                 f'{self.num_copies}, nbytes={self.nbytes}, dtypes=[{dtypes}],'
                 f' device={self.device})')
 
 
-def _device_of(buffers: Dict[torch.dtype, torch.Tensor]
-               ) -> Optional[torch.device]:
+def _device_of(
+        buffers: Dict[torch.dtype, torch.Tensor]) -> Optional[torch.device]:
     """The device of the buffers (all on one), None when there are none."""
     for buf in buffers.values():
         return buf.device

@@ -37,9 +37,9 @@ def worker_states() -> Optional[Tuple[int, dict]]:
 
 
 @FUNCTIONS.register_module()
-def packed_collate(data_batch: Sequence,
-                   inner: Union[Callable, dict, str, None] = None
-                   ) -> PackedBatch:
+def packed_collate(
+        data_batch: Sequence,
+        inner: Union[Callable, dict, str, None] = None) -> PackedBatch:
     """``pack(pseudo_collate(data_batch))``, or ``pack(inner(data_batch))``.
 
     Use it in any mmdet / mmdet3d config with
@@ -183,8 +183,8 @@ def packed_config_hint(name: str, cfg: Any, pin: bool) -> str:
                 '`collate_fn=fast_parallel.PackedCollate(<its collate_fn>)`.')
     inner = cfg.get('collate_fn', None) or dict(type='pseudo_collate')
     line = f'{name}_dataloader.collate_fn=dict(type=\'packed_collate\''
-    if not (isinstance(inner, dict) and dict(inner) == dict(
-            type='pseudo_collate')):
+    if not (isinstance(inner, dict)
+            and dict(inner) == dict(type='pseudo_collate')):
         line += f', inner={_config_text(inner)}'
     lines = [line + ')']
     if pin:
@@ -197,8 +197,8 @@ def packed_config_hint(name: str, cfg: Any, pin: bool) -> str:
 def _config_text(value: Any) -> str:
     """``dict(type='x', k=1)`` for a config dict; ``repr`` otherwise."""
     if isinstance(value, dict):
-        return 'dict(' + ', '.join(
-            f'{k}={_config_text(v)}' for k, v in value.items()) + ')'
+        return 'dict(' + ', '.join(f'{k}={_config_text(v)}'
+                                   for k, v in value.items()) + ')'
     return getattr(value, '__name__', None) or repr(value)
 
 

@@ -116,9 +116,9 @@ def plan_layout(
 
 
 @torch.no_grad()  # the buffers never join a graph; no detach() per leaf
-def fill_buffers(buffers: Dict[torch.dtype, torch.Tensor],
-                 leaves: List[torch.Tensor], layout: List[LayoutEntry],
-                 runs: List[Optional[int]]) -> None:
+def fill_buffers(buffers: Dict[torch.dtype,
+                               torch.Tensor], leaves: List[torch.Tensor],
+                 layout: List[LayoutEntry], runs: List[Optional[int]]) -> None:
     """Copies each leaf's span into its place (see :func:`plan_layout`).
 
     Args:
@@ -156,6 +156,6 @@ def dense_copy(view: torch.Tensor, stride: Tuple[int, ...]) -> torch.Tensor:
     Returns:
         Tensor: A dense tensor with those strides holding the view's values.
     """
-    out = torch.empty_strided(view.shape, stride, dtype=view.dtype,
-                              device=view.device)
+    out = torch.empty_strided(
+        view.shape, stride, dtype=view.dtype, device=view.device)
     return out.copy_(view)

@@ -151,8 +151,8 @@ class AdapterNode(Node):
 
     __slots__ = ('cls', 'aux', 'fields')
 
-    def __init__(self, cls: type, aux: Any,
-                 fields: List[Tuple[str, Node]]) -> None:
+    def __init__(self, cls: type, aux: Any, fields: List[Tuple[str,
+                                                               Node]]) -> None:
         self.cls = cls
         self.aux = aux
         self.fields = fields

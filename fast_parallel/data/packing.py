@@ -36,10 +36,12 @@ def stock_transfers(tree: Any) -> Tuple[int, int]:
     return packer.stock_copies, packer.stock_bytes
 
 
-def pack(tree: Any, pin_memory: bool = False,
-         allocate: Optional[Callable[[Dict[torch.dtype, int]],
-                                     Dict[torch.dtype, torch.Tensor]]] = None
-         ) -> PackedBatch:
+def pack(
+    tree: Any,
+    pin_memory: bool = False,
+    allocate: Optional[Callable[[Dict[torch.dtype, int]],
+                                Dict[torch.dtype, torch.Tensor]]] = None
+) -> PackedBatch:
     """Packs a collated structure into one flat buffer per dtype.
 
     Args:

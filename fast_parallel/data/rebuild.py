@@ -44,7 +44,6 @@ from fast_parallel.compat import (iterator_base_seed, randomness_config,
                                   shutdown_workers, started_iterators)
 
 
-
 class _SharedRef:
     """Survives ``copy.deepcopy`` as the object it holds.
 
@@ -86,8 +85,7 @@ def _same_numpy_state(a: tuple, b: tuple) -> bool:
             and tuple(a[2:]) == tuple(b[2:]))
 
 
-def _foreign_draws(before: tuple, after: tuple,
-                   seed_draws: int) -> List[str]:
+def _foreign_draws(before: tuple, after: tuple, seed_draws: int) -> List[str]:
     """Global generators that moved, beyond the iterators' base-seed draws.
 
     Args:
@@ -156,7 +154,9 @@ def sampler_names(loader: DataLoader) -> str:
     return ' + '.join(names)
 
 
-def rebuild_started(runner: Any, loop: Any, cfg: Any,
+def rebuild_started(runner: Any,
+                    loop: Any,
+                    cfg: Any,
                     prepare: Callable[[DataLoader], None],
                     seed: Optional[int] = None) -> Optional[str]:
     """Replaces a loop's started DataLoader by one built again from config.

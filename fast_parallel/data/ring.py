@@ -90,7 +90,8 @@ class SharedRing:
             Defaults to 1.25.
     """
 
-    def __init__(self, slots_per_worker: int = 4,
+    def __init__(self,
+                 slots_per_worker: int = 4,
                  headroom: float = 1.25) -> None:
         self.slots_per_worker = slots_per_worker
         self.headroom = headroom
@@ -100,14 +101,14 @@ class SharedRing:
 
     def __getstate__(self) -> dict:
         # Workers started with 'spawn' get their own, empty ring.
-        return dict(slots_per_worker=self.slots_per_worker,
-                    headroom=self.headroom)
+        return dict(
+            slots_per_worker=self.slots_per_worker, headroom=self.headroom)
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
 
-    def allocate(self, sizes: Sizes) -> Optional[Dict[torch.dtype,
-                                                      torch.Tensor]]:
+    def allocate(self,
+                 sizes: Sizes) -> Optional[Dict[torch.dtype, torch.Tensor]]:
         """Buffers in a free slot, or None (pack then uses fresh ones).
 
         Only inside a DataLoader worker; ``self.last`` gets the ticket.
@@ -201,8 +202,8 @@ def receive(payload: tuple) -> Dict[torch.dtype, torch.Tensor]:
     lease = _Lease(flag, len(sizes))
     buffers = {}
     for dt, n in sizes.items():
-        buf = torch.empty(0, dtype=dt).set_(
-            storages[dt].untyped_storage(), 0, (n, ))
+        buf = torch.empty(
+            0, dtype=dt).set_(storages[dt].untyped_storage(), 0, (n, ))
         weakref.finalize(buf, lease.release_one)
         buffers[dt] = buf
     return buffers

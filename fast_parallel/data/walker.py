@@ -133,7 +133,7 @@ class Packer:
             if key not in seen:
                 seen.add(key)
                 static[key] = None  # keeps the key's place in __dict__
-                fields.append(
-                    (key, self.field(state[key],
-                                     path + ('.' + name.lstrip('_'), ))))
+                fields.append((key,
+                               self.field(state[key],
+                                          path + ('.' + name.lstrip('_'), ))))
         return ElementNode(type(elem), static, fields)

@@ -33,8 +33,10 @@ class AccuracyParityHook(Hook):
 
     priority = 'LOW'
 
-    def __init__(self, expected: Dict[str, float],
-                 tolerance, source: str = '') -> None:
+    def __init__(self,
+                 expected: Dict[str, float],
+                 tolerance,
+                 source: str = '') -> None:
         if not expected:
             raise ValueError('AccuracyParityHook needs expected metrics')
         self.expected = dict(expected)
@@ -67,7 +69,8 @@ class AccuracyParityHook(Hook):
             report['metrics'][name] = dict(
                 expected=expected,
                 measured=None if measured is None else float(measured),
-                tolerance=tol, passed=passed)
+                tolerance=tol,
+                passed=passed)
         report['passed'] = all(m['passed'] for m in report['metrics'].values())
         return report
 
@@ -78,14 +81,13 @@ class AccuracyParityHook(Hook):
         training = loop is not None and not isinstance(loop, dict)
         # mmengine gives an IterBasedTrainLoop max_epochs=1: the loop's
         # class says which counter ends it (fast_parallel.compat).
-        report['final'] = not training or (
-            loop_progress(loop) >= loop_length(loop))
+        report['final'] = not training or (loop_progress(loop)
+                                           >= loop_length(loop))
         report['iter'], report['epoch'] = runner.iter, runner.epoch
         self.last = report
         if not is_main_process():
             return
-        with open(osp.join(runner.work_dir, 'accuracy_parity.json'),
-                  'w') as f:
+        with open(osp.join(runner.work_dir, 'accuracy_parity.json'), 'w') as f:
             json.dump(report, f, indent=1)
         parts = []
         for name, m in report['metrics'].items():

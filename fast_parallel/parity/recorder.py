@@ -103,8 +103,11 @@ def branch_sample_ids(branches: Mapping) -> Optional[List[Any]]:
         return None
     ids = []
     for i in range(max(len(v) for v in per_branch.values())):
-        found = {name: v[i] for name, v in per_branch.items()
-                 if i < len(v) and v[i] is not None}
+        found = {
+            name: v[i]
+            for name, v in per_branch.items()
+            if i < len(v) and v[i] is not None
+        }
         values = list(found.values())
         if all(v == values[0] for v in values[1:]):
             ids.append(values[0] if values else None)
@@ -137,9 +140,15 @@ class ParityRecorderHook(Hook):
     def __init__(self, record: dict, progress: Optional[Any] = None) -> None:
         self.record = record
         self.progress = progress
-        record.update(order=[], losses=[], grad_norm=[],
-                      grad_norm_clipped=[], clip_grad=None, metrics={},
-                      packed=0, predictions=None)
+        record.update(
+            order=[],
+            losses=[],
+            grad_norm=[],
+            grad_norm_clipped=[],
+            clip_grad=None,
+            metrics={},
+            packed=0,
+            predictions=None)
         self._predictions = hashlib.sha256()
         # how many gradient norms mmengine had logged at the last step
         self._logged: Dict[int, int] = {}
@@ -164,8 +173,8 @@ class ParityRecorderHook(Hook):
                      kwargs: dict) -> None:
         """Records the norm of the gradients this step will apply."""
         squares = [
-            p.grad.detach().double().pow(2).sum() for group in
-            optimizer.param_groups for p in group['params']
+            p.grad.detach().double().pow(2).sum()
+            for group in optimizer.param_groups for p in group['params']
             if p.grad is not None
         ]
         norm = torch.stack(squares).sum().sqrt().item() if squares else 0.0
@@ -177,24 +186,32 @@ class ParityRecorderHook(Hook):
             _logged_grad_norm(wrapper, self._logged) if clip['type'] ==
             'norm' else None)
 
-    def before_train_iter(self, runner: Runner, batch_idx: int,
+    def before_train_iter(self,
+                          runner: Runner,
+                          batch_idx: int,
                           data_batch: Any = None) -> None:
         """Keeps the batch's sample ids; counts the batches that arrive
         packed (the fast path at work)."""
         self.record['order'].append(batch_sample_ids(data_batch))
         self.record['packed'] += isinstance(data_batch, PackedBatch)
 
-    def after_train_iter(self, runner: Runner, batch_idx: int,
+    def after_train_iter(self,
+                         runner: Runner,
+                         batch_idx: int,
                          data_batch: Any = None,
                          outputs: Optional[dict] = None) -> None:
         """Keeps this iteration's loss terms."""
-        self.record['losses'].append(
-            {k: float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
-             for k, v in (outputs or {}).items()})
+        self.record['losses'].append({
+            k:
+            float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
+            for k, v in (outputs or {}).items()
+        })
         if self.progress is not None:
             self.progress()
 
-    def after_val_iter(self, runner: Runner, batch_idx: int,
+    def after_val_iter(self,
+                       runner: Runner,
+                       batch_idx: int,
                        data_batch: Any = None,
                        outputs: Optional[list] = None) -> None:
         """Hashes every predicted tensor, bit for bit, in sample order."""
@@ -210,7 +227,8 @@ class ParityRecorderHook(Hook):
                         self._predictions.update(_tensor_bytes(value))
         self.record['predictions'] = self._predictions.hexdigest()
 
-    def after_val_epoch(self, runner: Runner,
+    def after_val_epoch(self,
+                        runner: Runner,
                         metrics: Optional[dict] = None) -> None:
         """Keeps the validation metrics."""
         self.record['metrics'] = {

@@ -56,16 +56,19 @@ def compare(stock: dict, fast: dict, atol: float = 0.0) -> List[dict]:
         a = stock['losses'][i] if i < len(stock['losses']) else {}
         b = fast['losses'][i] if i < len(fast['losses']) else {}
         for key in sorted(set(a) | set(b), key=lambda k: (k != 'loss', k)):
-            rows.append(dict(what=f'iter {i + 1} {key}', stock=a.get(key),
-                             fast=b.get(key)))
+            rows.append(
+                dict(
+                    what=f'iter {i + 1} {key}',
+                    stock=a.get(key),
+                    fast=b.get(key)))
         for key, what in (('grad_norm', 'grad_norm'),
                           ('grad_norm_clipped', 'grad_norm after clip_grad')):
-            ga, gb = (_at(record.get(key) or [], i) for record in (stock,
-                                                                   fast))
+            ga, gb = (
+                _at(record.get(key) or [], i) for record in (stock, fast))
             # None on both sides: not recorded (no clip_grad, or by value)
             if ga is not None or gb is not None:
-                rows.append(dict(what=f'iter {i + 1} {what}', stock=ga,
-                                 fast=gb))
+                rows.append(
+                    dict(what=f'iter {i + 1} {what}', stock=ga, fast=gb))
     for row in rows:
         row['same'] = _close(row['stock'], row['fast'], atol)
     # First: when the runs trained on different batches, no loss can match,
@@ -74,37 +77,54 @@ def compare(stock: dict, fast: dict, atol: float = 0.0) -> List[dict]:
     # The check is only worth something if the fast run really ran packed.
     # The two values differ by design: ``same`` says whether they are what
     # each path must give (stock none, fast every batch).
-    rows.append(dict(what='packed batches', stock=stock['packed'],
-                     fast=fast['packed'],
-                     same=stock['packed'] == 0 and fast['packed'] == n > 0,
-                     by_design=f'stock 0, fast {n}'))
+    rows.append(
+        dict(
+            what='packed batches',
+            stock=stock['packed'],
+            fast=fast['packed'],
+            same=stock['packed'] == 0 and fast['packed'] == n > 0,
+            by_design=f'stock 0, fast {n}'))
     sa, sb = stock['checksum'], fast['checksum']
-    rows.append(dict(what='params sha256', stock=sa['sha256'][:16],
-                     fast=sb['sha256'][:16],
-                     same=sa['sha256'] == sb['sha256']))
+    rows.append(
+        dict(
+            what='params sha256',
+            stock=sa['sha256'][:16],
+            fast=sb['sha256'][:16],
+            same=sa['sha256'] == sb['sha256']))
     state_rows = []
     for key, what in (('optimizer', 'optimizer state sha256'),
                       ('ema', 'EMA weights sha256')):
         a, b = stock.get(key), fast.get(key)
         if a or b:
-            state_rows.append(dict(what=what, stock=(a or '-')[:16],
-                                   fast=(b or '-')[:16], same=a == b))
+            state_rows.append(
+                dict(
+                    what=what,
+                    stock=(a or '-')[:16],
+                    fast=(b or '-')[:16],
+                    same=a == b))
     rows.extend(state_rows)
     if atol:
-        diff = max((a - b).abs().max().item() if a.is_floating_point() else
-                   float(not torch.equal(a, b))
-                   for a, b in zip(stock['params'].values(),
-                                   fast['params'].values()))
-        rows.append(dict(what='params max |diff|', stock=0.0, fast=diff,
-                         same=diff <= atol))
+        diff = max(
+            (a - b).abs().max().item() if a.is_floating_point(
+            ) else float(not torch.equal(a, b))
+            for a, b in zip(stock['params'].values(), fast['params'].values()))
+        rows.append(
+            dict(
+                what='params max |diff|',
+                stock=0.0,
+                fast=diff,
+                same=diff <= atol))
         # bits may differ within the tolerance
         for row in [rows[-2 - len(state_rows)]] + state_rows:
             row['same'] = True
     if stock['predictions'] or fast['predictions']:
         sa, sb = stock['predictions'], fast['predictions']
-        rows.append(dict(what='val predictions sha256',
-                         stock=sa and sa[:16], fast=sb and sb[:16],
-                         same=sa == sb or bool(atol)))
+        rows.append(
+            dict(
+                what='val predictions sha256',
+                stock=sa and sa[:16],
+                fast=sb and sb[:16],
+                same=sa == sb or bool(atol)))
     for key in sorted(set(stock['metrics']) | set(fast['metrics'])):
         a, b = stock['metrics'].get(key), fast['metrics'].get(key)
         rows.append(dict(what=key, stock=a, fast=b, same=_close(a, b, atol)))
@@ -142,8 +162,7 @@ def _show_order(order: List[Any], most: int = 4) -> str:
     if all(i is None for ids in order for i in (ids or [])):
         return 'no sample ids'
     shown = ' '.join(_show_batch(ids) for ids in order[:most])
-    return shown + (f' … (+{len(order) - most})' if len(order) > most
-                    else '')
+    return shown + (f' … (+{len(order) - most})' if len(order) > most else '')
 
 
 def order_row(stock: Sequence[Any], fast: Sequence[Any]) -> dict:
@@ -172,10 +191,13 @@ def order_row(stock: Sequence[Any], fast: Sequence[Any]) -> dict:
     first = next((i for i in range(max(len(stock), len(fast)))
                   if at(stock, i) != at(fast, i)), None)
     if first is None:
-        return dict(what=ORDER_ROW, stock=_show_order(stock),
-                    fast=_show_order(fast), same=True,
-                    first_difference=None,
-                    detail=f'{len(stock)} iterations, the same batches')
+        return dict(
+            what=ORDER_ROW,
+            stock=_show_order(stock),
+            fast=_show_order(fast),
+            same=True,
+            first_difference=None,
+            detail=f'{len(stock)} iterations, the same batches')
     a, b = at(stock, first), at(fast, first)
     detail = (f'iter {first + 1}: stock {_show_batch(a)} / '
               f'fast {_show_batch(b)}')
@@ -216,14 +238,13 @@ def format_table(rows: List[dict]) -> str:
 
     def mark(row: dict) -> str:
         if row.get('by_design'):
-            return ('n/a (differs by design)' if row['same'] else
-                    f'**NO** (must be {row["by_design"]})')
+            return ('n/a (differs by design)'
+                    if row['same'] else f'**NO** (must be {row["by_design"]})')
         return 'yes' if row['same'] else '**NO**'
 
     width = max([len(r['what']) for r in rows] + [4])
     head = f'| {"what".ljust(width)} | {"stock":>18} | {"fast":>18} | same |'
-    lines = [head,
-             f'| {"-" * width} | {"-" * 18}: | {"-" * 18}: | :--: |']
+    lines = [head, f'| {"-" * width} | {"-" * 18}: | {"-" * 18}: | :--: |']
     for r in rows:
         lines.append(f'| {r["what"].ljust(width)} | {show(r["stock"]):>18} | '
                      f'{show(r["fast"]):>18} | {mark(r)} |')

@@ -39,7 +39,9 @@ class PerturbFirstBatchHook(Hook):
     shows the checker is awake; nothing else uses it.
     """
 
-    def before_train_iter(self, runner: Runner, batch_idx: int,
+    def before_train_iter(self,
+                          runner: Runner,
+                          batch_idx: int,
                           data_batch: Any = None) -> None:
         """Changes the first batch in place."""
         if batch_idx != 0 or getattr(runner, 'iter', 0) != 0:
@@ -73,9 +75,11 @@ def _first_float(tree: Any) -> Optional[torch.Tensor]:
     return None
 
 
+# yapf: disable
 def parity_config(cfg: Config, path: str, iters: int, evaluate: bool,
                   work_dir: str, seed: int = 0, deterministic: bool = True,
                   fast_hooks: Sequence[str] = ()) -> Config:
+    # yapf: enable
     """One run's config: ``iters`` iterations on the stock or fast path.
 
     Args:
@@ -111,9 +115,8 @@ def parity_config(cfg: Config, path: str, iters: int, evaluate: bool,
         hooks['checkpoint'] = dict(
             type='CheckpointHook', interval=-1, save_last=False)
     if path == 'fast':
-        cfg.custom_hooks = list(cfg.get('custom_hooks', [])) + [
-            dict(type=t) for t in fast_hooks
-        ]
+        cfg.custom_hooks = list(cfg.get(
+            'custom_hooks', [])) + [dict(type=t) for t in fast_hooks]
     return cfg
 
 
@@ -142,7 +145,8 @@ def run_once(cfg: Config, progress: Optional[Any] = None) -> dict:
     record['optimizer'] = tree_checksum(runner.optim_wrapper.state_dict())
     record['ema'] = tree_checksum(ema_state(runner))
     record['params'] = {
-        k: v.detach().cpu().clone() for k, v in model.state_dict().items()
+        k: v.detach().cpu().clone()
+        for k, v in model.state_dict().items()
     }
     return record
 
@@ -189,8 +193,7 @@ def run_parity(cfg: Config,
     for path in PATHS:
         run_cfg = parity_config(cfg, path, iters, evaluate, work_dir, seed,
                                 deterministic, fast_hooks)
-        tick = None if progress is None else (
-            lambda path=path: progress(path))
+        tick = None if progress is None else (lambda path=path: progress(path))
         os.makedirs(run_cfg.work_dir, exist_ok=True)
         with contextlib.ExitStack() as stack:
             if capture_output:
@@ -202,5 +205,9 @@ def run_parity(cfg: Config,
     rows = compare(records['stock'], records['fast'], atol)
     order = next(r for r in rows if r['what'] == ORDER_ROW)
     result = verdict(rows)
-    return dict(records=records, rows=rows, order=order, verdict=result,
-                ok=result == 'IDENTICAL')
+    return dict(
+        records=records,
+        rows=rows,
+        order=order,
+        verdict=result,
+        ok=result == 'IDENTICAL')

@@ -1,1 +1,2 @@
-"""Exact resume: ExactResumeHook, persistent workers, safe checkpoint loading."""
+"""Exact resume: ExactResumeHook, persistent workers, safe checkpoint
+loading."""

@@ -58,9 +58,11 @@ def mmengine_safe_globals() -> List[Any]:
     Returns:
         list: Entries for ``torch.serialization.add_safe_globals``.
     """
-    dtypes = {type(np.dtype(t)) for t in (
-        'bool', 'int8', 'uint8', 'int16', 'uint16', 'int32', 'uint32',
-        'int64', 'uint64', 'float16', 'float32', 'float64')}
+    dtypes = {
+        type(np.dtype(t))
+        for t in ('bool', 'int8', 'uint8', 'int16', 'uint16', 'int32',
+                  'uint32', 'int64', 'uint64', 'float16', 'float32', 'float64')
+    }
     return [
         HistoryBuffer,
         np.ndarray,
@@ -85,8 +87,10 @@ def numpy_rebuilders() -> List[Any]:
         list: The functions, then ``(function, 'module.name')`` entries for
         the other spelling.
     """
-    functions = [np.ndarray(0).__reduce__()[0],  # _reconstruct
-                 np.float64(0).__reduce__()[0]]  # scalar
+    functions = [
+        np.ndarray(0).__reduce__()[0],  # _reconstruct
+        np.float64(0).__reduce__()[0]
+    ]  # scalar
     aliases = [(fn, f'{module}.{fn.__name__}') for fn in functions
                for module in NUMPY_PICKLE_MODULES if module != fn.__module__]
     return functions + aliases

@@ -19,14 +19,16 @@ from fast_parallel.compat import (STATEFUL_MODULE_ATTRS, decide_val_interval,
                                   is_resuming, loader_config, loop_as_is,
                                   loop_progress, switched_hooks)
 from fast_parallel.data.loader import FastDataLoader, make_fast
-from fast_parallel.random_states import random_states, set_random_states
 from fast_parallel.data.rebuild import rebuild_started, started_iterators
+from fast_parallel.random_states import random_states, set_random_states
 from fast_parallel.resume.workers import (WorkerRecord, arm_first_start,
-                             needs_worker_states, stateful_transforms)
+                                          needs_worker_states,
+                                          stateful_transforms)
 
-__all__ = ['ExactResumeHook', 'META_KEY', 'register_stateful_module',
-           'module_states', 'random_states', 'set_random_states',
-           'needs_worker_states']
+__all__ = [
+    'ExactResumeHook', 'META_KEY', 'register_stateful_module', 'module_states',
+    'random_states', 'set_random_states', 'needs_worker_states'
+]
 
 META_KEY = 'fast_parallel_resume'
 
@@ -116,10 +118,11 @@ class ExactResumeHook(Hook):
         the train DataLoader workers' where the batches carried them."""
         saved = dict(
             random=random_states(),
-            modules={_strip(k): v
-                     for k, v in module_states(runner.model).items()})
-        loader = getattr(loop_as_is(runner, 'train'), 'dataloader',
-                         None)
+            modules={
+                _strip(k): v
+                for k, v in module_states(runner.model).items()
+            })
+        loader = getattr(loop_as_is(runner, 'train'), 'dataloader', None)
         if self._record.states and isinstance(loader, DataLoader):
             saved['workers'] = self._record.entry(loader)
         checkpoint.setdefault('meta', {})[META_KEY] = saved
@@ -138,11 +141,11 @@ class ExactResumeHook(Hook):
             for attr, value in attrs.items():
                 setattr(modules[name], attr, value)
         self._pending = saved
-        self._check_caches = isinstance(runner.train_loop,
-                                        EpochBasedTrainLoop)
-        self._worker_restore, reasons = _resume_plan(
-            runner.train_loop, checkpoint, saved, runner.rank,
-            runner.world_size)
+        self._check_caches = isinstance(runner.train_loop, EpochBasedTrainLoop)
+        self._worker_restore, reasons = _resume_plan(runner.train_loop,
+                                                     checkpoint, saved,
+                                                     runner.rank,
+                                                     runner.world_size)
         for why in reasons:
             _inexact(runner, why)
 
@@ -156,9 +159,10 @@ class ExactResumeHook(Hook):
         loop = runner.train_loop
         loader = loop.dataloader  # the one that runs, rebuilt or not
         if started_iterators(loop, loader):
-            _inexact(runner, 'the train DataLoader\'s workers started before '
-                     'the hook could give them the checkpoint\'s random '
-                     'states')
+            _inexact(
+                runner, 'the train DataLoader\'s workers started before '
+                'the hook could give them the checkpoint\'s random '
+                'states')
             return
         # Workers that make no batch before the next checkpoint go on with
         # these states in the uninterrupted run too.
@@ -175,8 +179,9 @@ class ExactResumeHook(Hook):
             # As the interrupted run's at this epoch: seeded, no states yet.
             recorded = {h for r in self._record.restarts for h in r['hooks']}
             self._record.restarts.append(
-                dict(epoch=runner.epoch,
-                     hooks=sorted(switched_hooks(runner.hooks) - recorded)))
+                dict(
+                    epoch=runner.epoch,
+                    hooks=sorted(switched_hooks(runner.hooks) - recorded)))
             self._record.states = {}
         if exact:
             runner.logger.info(f'ExactResumeHook: {message}.')
@@ -189,9 +194,12 @@ class ExactResumeHook(Hook):
         if self._pending is None or seed == self._built_seed:
             return
         loop = runner.train_loop
-        why = rebuild_started(runner, loop,
-                              loader_config(runner, 'train'),
-                              partial(_same_as, loop.dataloader), seed=seed)
+        why = rebuild_started(
+            runner,
+            loop,
+            loader_config(runner, 'train'),
+            partial(_same_as, loop.dataloader),
+            seed=seed)
         if why is None:
             runner.logger.info(
                 f'ExactResumeHook: the train DataLoader was built again with '
@@ -211,7 +219,9 @@ class ExactResumeHook(Hook):
         if isinstance(runner.train_loop, EpochBasedTrainLoop):
             self._restore(runner)
 
-    def before_train_iter(self, runner, batch_idx: int,
+    def before_train_iter(self,
+                          runner,
+                          batch_idx: int,
                           data_batch=None) -> None:
         """Notes the batch's worker states and restarts; iteration loops:
         the states go back at the first resumed iteration (after mmengine
@@ -232,13 +242,14 @@ class ExactResumeHook(Hook):
             return  # new workers each epoch, or afresh here: empty caches
         names = stateful_transforms(loader.dataset)
         if names:
-            where = ('the main process' if loader.num_workers == 0 else
-                     'the persistent workers')
-            _inexact(runner, (
-                f'the train pipeline keeps state across samples in '
-                f'{", ".join(names)} (e.g. a results_cache), which lives in '
-                f'{where} and is in no checkpoint: the interrupted run went '
-                'into this epoch with it filled, this run starts it empty'))
+            where = ('the main process'
+                     if loader.num_workers == 0 else 'the persistent workers')
+            _inexact(
+                runner,
+                (f'the train pipeline keeps state across samples in '
+                 f'{", ".join(names)} (e.g. a results_cache), which lives in '
+                 f'{where} and is in no checkpoint: the interrupted run went '
+                 'into this epoch with it filled, this run starts it empty'))
 
     def _restore(self, runner) -> None:
         """Validation as the original run did, then the random states."""

@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader
 from fast_parallel.compat import (iterator_base_seed, override_start,
                                   persistent_iterator, set_persistent_iterator,
                                   start_iterator, switched_hooks)
-from fast_parallel.data.loader import FastDataLoader
 from fast_parallel.data.batch import PackedBatch
+from fast_parallel.data.loader import FastDataLoader
 from fast_parallel.random_states import set_random_states
 
 
@@ -89,8 +89,9 @@ class WorkerRecord:
             if self._last_iterator is not None:
                 # New workers: the old ones' states are of no use any more.
                 self.restarts.append(
-                    dict(epoch=runner.epoch,
-                         hooks=sorted(switched - self._switched)))
+                    dict(
+                        epoch=runner.epoch,
+                        hooks=sorted(switched - self._switched)))
                 self.states.clear()
             self._switched = switched
             self._last_iterator = None if it is None else weakref.ref(it)
@@ -102,9 +103,11 @@ class WorkerRecord:
     def entry(self, loader: DataLoader) -> dict:
         """The checkpoint's ``workers`` entry."""
         it = persistent_iterator(loader)
-        return dict(states=dict(self.states), num_workers=loader.num_workers,
-                    base_seed=iterator_base_seed(it),
-                    restarts=[dict(r) for r in self.restarts])
+        return dict(
+            states=dict(self.states),
+            num_workers=loader.num_workers,
+            base_seed=iterator_base_seed(it),
+            restarts=[dict(r) for r in self.restarts])
 
 
 class _Unstarted:
@@ -121,8 +124,7 @@ class _Unstarted:
         set_persistent_iterator(loader, self._start(False))
 
 
-def _start_workers_from(loader: DataLoader,
-                        saved: dict) -> Callable[[], None]:
+def _start_workers_from(loader: DataLoader, saved: dict) -> Callable[[], None]:
     """Makes the loader's next iterator start its workers from ``saved``;
     returns how to put the loader back once the iterator has started."""
     init_fn, generator = loader.worker_init_fn, loader.generator
@@ -146,8 +148,7 @@ def _start_workers_from(loader: DataLoader,
     return undo
 
 
-def decide_start(restarted: bool, saved: dict,
-                 switched_now: Set[str],
+def decide_start(restarted: bool, saved: dict, switched_now: Set[str],
                  epoch: int) -> Tuple[bool, str, bool]:
     """How the resumed run's first workers start: as the interrupted run's
     went on, or afresh as it restarted them at this epoch.
@@ -213,8 +214,9 @@ def arm_first_start(runner, loader: DataLoader, saved: dict,
 
     def start(restarted: bool) -> Any:
         override_start(loader, None)  # one shot
-        fresh, message, exact = decide_start(
-            restarted, saved, switched_hooks(runner.hooks), runner.epoch)
+        fresh, message, exact = decide_start(restarted, saved,
+                                             switched_hooks(runner.hooks),
+                                             runner.epoch)
         if fresh:
             it = start_iterator(loader)
         else:

@@ -140,8 +140,9 @@ class _ForeachAveraging:
         Args:
             model (nn.Module): The model whose parameters are averaged.
         """
-        src = (model.state_dict()
-               if self.update_buffers else dict(model.named_parameters()))
+        src = (
+            model.state_dict()
+            if self.update_buffers else dict(model.named_parameters()))
         steps = int(self.steps)  # stock compares the tensor twice per call
         if steps == 0:
             _foreach_copy((p.data for p in self.avg_parameters.values()),
@@ -158,9 +159,10 @@ class _ForeachAveraging:
                         self.avg_func(a, s, self.steps)
         if not self.update_buffers:
             # Stock keeps the buffers in sync with the source model.
-            pairs = [(b_avg.data, b_src.data.to(b_avg.device))
-                     for b_avg, b_src in zip(self.module.buffers(),
-                                             model.buffers())]
+            pairs = [
+                (b_avg.data, b_src.data.to(b_avg.device))
+                for b_avg, b_src in zip(self.module.buffers(), model.buffers())
+            ]
             if pairs:
                 _foreach_copy(*zip(*pairs))
         self.steps += 1
@@ -180,14 +182,20 @@ def _make_fused(stock: type) -> type:
     name, average = _UPDATES[_qualname(stock)]
     cls = globals().get(name)
     if cls is None:
-        cls = type(name, (_ForeachAveraging, stock), {
-            '_average': staticmethod(average),
-            '_stock': stock,
-            '__module__': __name__,
-            '__qualname__': name,
-            '__doc__': f'``{stock.__name__}`` updated with foreach ops '
-                       '(see :mod:`fast_parallel.step.foreach_ema`).',
-        })
+        cls = type(
+            name, (_ForeachAveraging, stock), {
+                '_average':
+                staticmethod(average),
+                '_stock':
+                stock,
+                '__module__':
+                __name__,
+                '__qualname__':
+                name,
+                '__doc__':
+                f'``{stock.__name__}`` updated with foreach ops '
+                '(see :mod:`fast_parallel.step.foreach_ema`).',
+            })
         globals()[name] = cls
     return cls
 
@@ -298,19 +306,19 @@ def _overlapping(tensors: Iterable[Tensor]) -> bool:
     for t in tensors:
         if t.numel() == 0:
             continue
-        extent = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape,
-                                                          t.stride()))
+        extent = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
         start = t.data_ptr()
         spans.append((t.device, start, start + extent * t.element_size()))
     spans.sort(key=lambda span: (str(span[0]), span[1]))
-    return any(a[0] == b[0] and b[1] < a[2]
-               for a, b in zip(spans, spans[1:]))
+    return any(a[0] == b[0] and b[1] < a[2] for a, b in zip(spans, spans[1:]))
 
 
 def _summary(ema_model: BaseAveragedModel, stock: type) -> str:
     """The log line of a fused model: tensors and multi-tensor calls."""
-    floats = [p for p in ema_model.avg_parameters.values()
-              if p.dtype.is_floating_point]
+    floats = [
+        p for p in ema_model.avg_parameters.values()
+        if p.dtype.is_floating_point
+    ]
     fused = [p for p in floats if p.dtype in FOREACH_DTYPES]
     updates = len(_grouped(fused))
     line = (f'EMA ({stock.__name__}): {len(fused)} tensors in {updates} '

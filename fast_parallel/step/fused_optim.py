@@ -17,9 +17,8 @@ from torch.optim import sgd as _sgd_module
 
 from fast_parallel.compat import CHECKED_ON
 from fast_parallel.compat.optim import (MISSING_INTERNALS,
-                                        graph_capture_health_check,
-                                        init_group, patch_step_function,
-                                        unhooked_step,
+                                        graph_capture_health_check, init_group,
+                                        patch_step_function, unhooked_step,
                                         use_grad_for_differentiable)
 from fast_parallel.step.optim_buckets import (ADAM_KEYS, SGD_KEYS, Bucket,
                                               adam_foreach, add_to_buckets,
@@ -106,8 +105,8 @@ class FusedSGD(_FusedStep, SGD):
 
     _stock_step_of = SGD
 
-    def _gather(self, group: Dict[str, Any],
-                buckets: Dict[Hashable, Bucket]) -> None:
+    def _gather(self, group: Dict[str, Any], buckets: Dict[Hashable,
+                                                           Bucket]) -> None:
         """Gathers one group as stock does and files it into buckets."""
         params: List[Tensor] = []
         grads: List[Tensor] = []
@@ -124,9 +123,13 @@ class FusedSGD(_FusedStep, SGD):
             # buffer of a (device, dtype) slice exists
             return bool(bufs) and all(bufs[i] is not None for i in indices)
 
-        touched = add_to_buckets(buckets, group, base_key,
-                                 sgd_foreach(group, params),
-                                 [params, grads, bufs], all_bufs, checked=3)
+        touched = add_to_buckets(
+            buckets,
+            group,
+            base_key,
+            sgd_foreach(group, params), [params, grads, bufs],
+            all_bufs,
+            checked=3)
         for bucket in touched:
             bucket.has_sparse_grad |= has_sparse_grad
 
@@ -168,18 +171,22 @@ class _FusedAdamStep(_FusedStep):
         """``Adam.step``'s first check."""
         graph_capture_health_check(self)
 
-    def _gather(self, group: Dict[str, Any],
-                buckets: Dict[Hashable, Bucket]) -> None:
+    def _gather(self, group: Dict[str, Any], buckets: Dict[Hashable,
+                                                           Bucket]) -> None:
         """Gathers one group as stock does (lazy state included), bucketed."""
         lists: List[list] = [[] for _ in range(6)]
         has_complex = init_group(self, group, *lists)
         if not lists[0]:
             return
         # state_steps (last) are CPU scalars unless capturable/fused
-        touched = add_to_buckets(buckets, group,
-                                 hyper_key(group, ADAM_KEYS),
-                                 adam_foreach(group, lists[0]), lists,
-                                 lambda indices: None, checked=5)
+        touched = add_to_buckets(
+            buckets,
+            group,
+            hyper_key(group, ADAM_KEYS),
+            adam_foreach(group, lists[0]),
+            lists,
+            lambda indices: None,
+            checked=5)
         for bucket in touched:
             bucket.has_complex |= has_complex
 

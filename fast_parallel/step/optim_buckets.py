@@ -122,8 +122,7 @@ def fast_route_safe(tensor_lists: List[list], index: int) -> bool:
         if tensor is None:
             continue
         if (tensor.layout != torch.strided or tensor.shape != param.shape
-                or tensor.dtype != param.dtype
-                or tensor.device != param.device
+                or tensor.dtype != param.dtype or tensor.device != param.device
                 or not tensor.is_contiguous()):
             return False
     return True
@@ -147,8 +146,7 @@ def slices(params: List[Tensor]) -> List[List[int]]:
 
 
 def add_to_buckets(buckets: Dict[Hashable, Bucket], group: Dict[str, Any],
-                   base_key: Hashable, foreach: bool,
-                   tensor_lists: List[list],
+                   base_key: Hashable, foreach: bool, tensor_lists: List[list],
                    path_flag: Callable[[List[int]], Hashable],
                    checked: int) -> List[Bucket]:
     """Distributes one group's gathered tensors over the buckets.

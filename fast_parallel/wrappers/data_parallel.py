@@ -10,7 +10,8 @@ from torch.nn.parallel import parallel_apply, replicate
 from fast_parallel.compat import preprocessor_device, run_forward
 from fast_parallel.data.batch import PackedBatch
 from fast_parallel.data.packing import pack
-from fast_parallel.wrappers.scatter import batch_size_of, chunk_sizes, gather_log_vars, split_batch
+from fast_parallel.wrappers.scatter import (batch_size_of, chunk_sizes,
+                                            gather_log_vars, split_batch)
 from fast_parallel.wrappers.transfer import TransferMixin
 
 
@@ -68,12 +69,11 @@ class FastDataParallel(TransferMixin, nn.Module):
             losses are gathered. Defaults to ``device_ids[0]``.
     """
 
-    def __init__(self,
-                 module: nn.Module,
-                 device_ids: Optional[Sequence[Union[int,
-                                                     torch.device]]] = None,
-                 output_device: Optional[Union[int, torch.device]] = None
-                 ) -> None:
+    def __init__(
+            self,
+            module: nn.Module,
+            device_ids: Optional[Sequence[Union[int, torch.device]]] = None,
+            output_device: Optional[Union[int, torch.device]] = None) -> None:
         super().__init__()
         if device_ids:
             self.device_ids: List[torch.device] = [
@@ -149,8 +149,8 @@ class FastDataParallel(TransferMixin, nn.Module):
             data = self.move_batch(data, self.src_device, mode)
             return getattr(self.module, step)(data)
         chunks, _ = self._scatter(data, mode)
-        replicas = replicate(self.module, self.device_ids[:len(chunks)],
-                             detach=True)
+        replicas = replicate(
+            self.module, self.device_ids[:len(chunks)], detach=True)
         outputs = parallel_apply([getattr(r, step) for r in replicas],
                                  [(c, ) for c in chunks],
                                  devices=self.device_ids[:len(chunks)])

@@ -78,24 +78,31 @@ def split_batch(data: Any, sizes: Sequence[int]) -> List[Any]:
     def split(value: Any, path: str) -> List[Any]:
         if isinstance(value, Mapping):
             parts = {k: split(v, f'{path}[{k!r}]') for k, v in value.items()}
-            return [type(value)({k: parts[k][i] for k in value})
-                    for i in range(len(sizes))]
+            return [
+                type(value)({
+                    k: parts[k][i]
+                    for k in value
+                }) for i in range(len(sizes))
+            ]
         if isinstance(value, tuple) and hasattr(value, '_fields'):
-            parts = [split(v, f'{path}.{f}')
-                     for f, v in zip(value._fields, value)]
-            return [type(value)(*(p[i] for p in parts))
-                    for i in range(len(sizes))]
+            parts = [
+                split(v, f'{path}.{f}') for f, v in zip(value._fields, value)
+            ]
+            return [
+                type(value)(*(p[i] for p in parts)) for i in range(len(sizes))
+            ]
         if isinstance(value, (list, tuple)):
             if len(value) != total:
                 raise ValueError(
                     f'{path} has {len(value)} entries but the batch has '
                     f'{total} samples: cannot split it by samples')
-            return [type(value)(value[bounds[i]:bounds[i + 1]])
-                    for i in range(len(sizes))]
+            return [
+                type(value)(value[bounds[i]:bounds[i + 1]])
+                for i in range(len(sizes))
+            ]
         if isinstance(value, torch.Tensor) and value.dim() > 0 \
                 and value.shape[0] == total:
-            return [value[bounds[i]:bounds[i + 1]]
-                    for i in range(len(sizes))]
+            return [value[bounds[i]:bounds[i + 1]] for i in range(len(sizes))]
         return [value] * len(sizes)
 
     return split(data, 'batch')
@@ -122,7 +129,6 @@ def gather_log_vars(per_chunk: Sequence[Dict[str, torch.Tensor]],
     total = float(sum(sizes))
     out: Dict[str, torch.Tensor] = type(per_chunk[0])()
     for key in per_chunk[0]:
-        out[key] = sum(
-            chunk[key].to(device) * (n / total)
-            for chunk, n in zip(per_chunk, sizes))
+        out[key] = sum(chunk[key].to(device) * (n / total)
+                       for chunk, n in zip(per_chunk, sizes))
     return out

@@ -23,8 +23,7 @@ class TransferStats:
         self.last: Dict[str, Dict[str, float]] = {}
         self.totals: Dict[str, Dict[str, float]] = {}
 
-    def add(self, mode: str, seconds: float, copies: int,
-            nbytes: int) -> None:
+    def add(self, mode: str, seconds: float, copies: int, nbytes: int) -> None:
         """Records one batch.
 
         Args:
@@ -33,8 +32,10 @@ class TransferStats:
             copies (int): Host-to-device copies made.
             nbytes (int): Bytes moved.
         """
-        figures = dict(transfer_time=seconds, transfer_copies=float(copies),
-                       transfer_mb=nbytes / 2**20)
+        figures = dict(
+            transfer_time=seconds,
+            transfer_copies=float(copies),
+            transfer_mb=nbytes / 2**20)
         self.last[mode] = figures
         total = self.totals.setdefault(mode, dict.fromkeys(figures, 0.0))
         for key, value in figures.items():

@@ -14,22 +14,22 @@ import torch
 from torch import Tensor
 
 from fast_parallel.compat import CompatError
-
-from fast_parallel.step.targets.cpu_paths import PathModelError, require_same_paths
+from fast_parallel.step.targets.cpu_paths import (PathModelError,
+                                                  require_same_paths)
 
 #: The upstream names used here: (module, name, package). Checked on
 #: mmdet3d 1.4.0 and mmdet 3.3.0; none is private, but the targets must
 #: follow these exact classes, so any other version goes the stock way.
 _UPSTREAM = {
     'Anchor3DHead': ('mmdet3d.models.dense_heads', 'Anchor3DHead', 'mmdet3d'),
-    'Max3DIoUAssigner': ('mmdet3d.models.task_modules', 'Max3DIoUAssigner',
-                         'mmdet3d'),
-    'PseudoSampler': ('mmdet3d.models.task_modules', 'PseudoSampler',
-                      'mmdet3d'),
-    'DeltaXYZWLHRBBoxCoder': ('mmdet3d.models.task_modules',
-                              'DeltaXYZWLHRBBoxCoder', 'mmdet3d'),
-    'BboxOverlapsNearest3D': ('mmdet3d.structures.ops',
-                              'BboxOverlapsNearest3D', 'mmdet3d'),
+    'Max3DIoUAssigner':
+    ('mmdet3d.models.task_modules', 'Max3DIoUAssigner', 'mmdet3d'),
+    'PseudoSampler':
+    ('mmdet3d.models.task_modules', 'PseudoSampler', 'mmdet3d'),
+    'DeltaXYZWLHRBBoxCoder':
+    ('mmdet3d.models.task_modules', 'DeltaXYZWLHRBBoxCoder', 'mmdet3d'),
+    'BboxOverlapsNearest3D':
+    ('mmdet3d.structures.ops', 'BboxOverlapsNearest3D', 'mmdet3d'),
     'get_direction_target': ('mmdet3d.models.dense_heads.train_mixins',
                              'get_direction_target', 'mmdet3d'),
 }
@@ -72,8 +72,8 @@ def anchor3d_supported(head: Any) -> Optional[str]:
     try:
         if type(head) is not _upstream('Anchor3DHead'):
             return f'{type(head).__name__} is not Anchor3DHead'
-        if getattr(head, 'train_cfg', None) is None or not hasattr(
-                head, 'bbox_assigner'):
+        if getattr(head, 'train_cfg',
+                   None) is None or not hasattr(head, 'bbox_assigner'):
             return 'Anchor3DHead has no train_cfg (no assigner)'
         for name in _HEAD_METHODS:
             if name in vars(head):
@@ -94,8 +94,8 @@ def anchor3d_supported(head: Any) -> Optional[str]:
         if type(head.bbox_coder) is not _upstream('DeltaXYZWLHRBBoxCoder'):
             return f'bbox_coder {type(head.bbox_coder).__name__} is not ' \
                 'DeltaXYZWLHRBBoxCoder'
-        if not isinstance(head.train_cfg.get('pos_weight', None),
-                          (int, float)):
+        if not isinstance(
+                head.train_cfg.get('pos_weight', None), (int, float)):
             return 'train_cfg.pos_weight is not a number'
     except CompatError as error:
         return str(error)
@@ -132,8 +132,7 @@ def _gt_tensor(instances: Any) -> Tensor:
     return boxes if isinstance(boxes, Tensor) else boxes.tensor
 
 
-def _needs_stock(head: Any, gts: Tensor, ignore: Any,
-                 anchors: Tensor) -> bool:
+def _needs_stock(head: Any, gts: Tensor, ignore: Any, anchors: Tensor) -> bool:
     """Whether one sample must take the stock path to stay exact.
 
     Ignore boxes change the overlaps; ``gpu_assign_thr`` makes stock compute
@@ -141,12 +140,12 @@ def _needs_stock(head: Any, gts: Tensor, ignore: Any,
     than the anchors' promotes differently once padded with the others.
     """
     assigners = _assigners(head)
-    if ignore is not None and (
-            'bboxes_3d' not in ignore
-            or any(a.ignore_iof_thr > 0 for a in assigners)):
+    if ignore is not None and ('bboxes_3d' not in ignore
+                               or any(a.ignore_iof_thr > 0
+                                      for a in assigners)):
         return True
-    if anchors.device.type != 'cpu' and any(
-            0 < a.gpu_assign_thr < len(gts) for a in assigners):
+    if anchors.device.type != 'cpu' and any(0 < a.gpu_assign_thr < len(gts)
+                                            for a in assigners):
         return True
     return gts.dtype != anchors.dtype or gts.dim() != 2
 
@@ -168,8 +167,9 @@ def _pad(boxes: List[Tensor], labels: List[Tensor],
         index.extend([total] * (num_gts - count))  # the dummy row
         start += count
     pinned = device.type == 'cuda'
-    index = torch.tensor(index, dtype=torch.long, pin_memory=pinned).to(
-        device, non_blocking=pinned).view(len(boxes), num_gts)
+    index = torch.tensor(
+        index, dtype=torch.long, pin_memory=pinned).to(
+            device, non_blocking=pinned).view(len(boxes), num_gts)
     dim = boxes[0].size(-1)
     all_boxes = torch.cat([*boxes, boxes[0].new_zeros((1, dim))])
     all_labels = torch.cat([*labels, labels[0].new_full((1, ), -1)])
@@ -222,8 +222,8 @@ def _assign(assigner: Any, overlaps: Tensor, valid: Tensor) -> Tensor:
     return assigned.masked_fill(~valid.any(dim=1, keepdim=True), 0)
 
 
-def _targets_one_set(head: Any, assigner: Any, anchors: Tensor,
-                     boxes: Tensor, labels: Tensor, valid: Tensor,
+def _targets_one_set(head: Any, assigner: Any, anchors: Tensor, boxes: Tensor,
+                     labels: Tensor, valid: Tensor,
                      num_classes: int) -> Tuple[Tensor, ...]:
     """``anchor_target_single_assigner`` for all samples of one anchor set.
 
@@ -242,15 +242,16 @@ def _targets_one_set(head: Any, assigner: Any, anchors: Tensor,
     # rows hold the values stock computes on its compacted rows
     deltas = head.bbox_coder.encode(anchors, pos_gts)
     dirs = _upstream('get_direction_target')(
-        anchors, deltas, head.dir_offset, head.dir_limit_offset,
-        one_hot=False)
+        anchors, deltas, head.dir_offset, head.dir_limit_offset, one_hot=False)
     pos_weight = head.train_cfg.pos_weight
     pos_weight = 1.0 if pos_weight <= 0 else pos_weight
     box_weights = pos.to(anchors.dtype)[..., None]
-    return (torch.where(pos, labels.gather(1, gt_index).long(), num_classes),
-            torch.where(pos, pos_weight, neg.float()),
-            torch.where(pos[..., None], deltas.to(anchors.dtype), 0.),
-            box_weights.repeat(1, 1, anchors.size(-1)),
+    return (torch.where(pos,
+                        labels.gather(1, gt_index).long(),
+                        num_classes), torch.where(pos, pos_weight,
+                                                  neg.float()),
+            torch.where(pos[..., None], deltas.to(anchors.dtype),
+                        0.), box_weights.repeat(1, 1, anchors.size(-1)),
             torch.where(pos, dirs, 0), pos.float(), pos.sum(1), neg.sum(1))
 
 
@@ -280,15 +281,16 @@ def _batched(head: Any, anchors: Tensor, boxes: List[Tensor],
     for k, shape in enumerate(shapes):
         parts = [s[k].reshape(batch, *shape) for s in sets]
         merged = torch.cat(parts, dim=-len(shape) + 1)
-        out.append(merged.reshape(batch, -1, code) if len(shape) == 4 else
-                   merged.reshape(batch, -1))
+        out.append(
+            merged.reshape(batch, -1, code) if len(shape) ==
+            4 else merged.reshape(batch, -1))
     return (*out, sum(s[6] for s in sets), sum(s[7] for s in sets))
 
 
 def _stock_batch(head: Any, anchor_list: list, *args: Any) -> tuple:
     """The class's own ``anchor_target_3d`` (the instance's may be ours)."""
-    return type(head).anchor_target_3d(head, anchor_list, *args), len(
-        anchor_list)
+    return type(head).anchor_target_3d(head, anchor_list,
+                                       *args), len(anchor_list)
 
 
 def anchor_target_3d_batched(
@@ -340,15 +342,18 @@ def anchor_target_3d_batched(
         batch_gt_instances_ignore = [None] * num_inputs
     anchors = torch.cat(anchor_list[0])
     gts = [_gt_tensor(x).to(anchors.device) for x in batch_gt_instances_3d]
-    stock = [i for i in range(num_inputs) if _needs_stock(
-        head, gts[i], batch_gt_instances_ignore[i], anchors)]
+    stock = [
+        i for i in range(num_inputs)
+        if _needs_stock(head, gts[i], batch_gt_instances_ignore[i], anchors)
+    ]
     widths = {gts[i].size(-1) for i in range(num_inputs) if i not in stock}
     if len(widths) > 1:  # box widths differ: not a batch stock can take
         return _stock_batch(head, anchor_list, batch_gt_instances_3d,
                             batch_input_metas, batch_gt_instances_ignore,
                             label_channels, num_classes, sampling)
-    level_sizes = [a.view(-1, head.box_code_size).size(0)
-                   for a in anchor_list[0]]
+    level_sizes = [
+        a.view(-1, head.box_code_size).size(0) for a in anchor_list[0]
+    ]
     for i in range(num_inputs):  # stock's side effect, without the copies
         anchor_list[i] = anchors
     boxes, labels = [], []
@@ -364,10 +369,14 @@ def anchor_target_3d_batched(
     out = list(_batched(head, anchors, boxes, labels, num_classes))
     for i in stock:
         single = type(head).anchor_target_3d_single(
-            head, anchors, batch_gt_instances_3d[i],
-            batch_gt_instances_ignore[i], batch_input_metas[i],
+            head,
+            anchors,
+            batch_gt_instances_3d[i],
+            batch_gt_instances_ignore[i],
+            batch_input_metas[i],
             label_channels=label_channels,
-            num_classes=num_classes, sampling=sampling)
+            num_classes=num_classes,
+            sampling=sampling)
         for k in range(6):
             out[k][i].copy_(single[k].view_as(out[k][i]))
         out[6][i], out[7][i] = single[6].numel(), single[7].numel()

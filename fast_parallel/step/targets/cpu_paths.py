@@ -28,16 +28,18 @@ OPS: Dict[str, Tuple[Callable[[Tensor], Tensor], Callable]] = {
     'log': (torch.log, lambda g, n: torch.rand(n, generator=g) * 4 + 1e-7),
     # Not recomputed, only checked (require_same_paths): the BCE of SimOTA's
     # class cost against targets 0 and 1.
-    'bce0': (lambda x: F.binary_cross_entropy(x, torch.zeros_like(x),
-                                              reduction='none'),
+    'bce0': (lambda x: F.binary_cross_entropy(
+        x, torch.zeros_like(x), reduction='none'),
              lambda g, n: torch.rand(n, generator=g)),
-    'bce1': (lambda x: F.binary_cross_entropy(x, torch.ones_like(x),
-                                              reduction='none'),
-             lambda g, n: torch.rand(n, generator=g)),
+    'bce1':
+    (lambda x: F.binary_cross_entropy(x, torch.ones_like(x), reduction='none'),
+     lambda g, n: torch.rand(n, generator=g)),
 }
 
-__all__ = ['PathModelError', 'as_stock', 'calibrate', 'require_same_paths',
-           'scalar_ranges']
+__all__ = [
+    'PathModelError', 'as_stock', 'calibrate', 'require_same_paths',
+    'scalar_ranges'
+]
 
 
 class PathModelError(RuntimeError):

@@ -75,26 +75,27 @@ def assign(assigner: Any, scores: Tensor, valid: Tensor, in_both: Tensor,
     pairs = _nonzero(pair_mask, sum(sizes))
     rows, cols = pairs // width, pairs % width
     imgs = rows // num_priors
-    onehot = F.one_hot(labels.reshape(-1)[imgs * width + cols].to(
-        torch.int64), num_classes).float()
+    onehot = F.one_hot(
+        labels.reshape(-1)[imgs * width + cols].to(torch.int64),
+        num_classes).float()
     if device.type == 'cpu':  # BCE is elementwise per pair only if so
         cpu_paths.require_same_paths('bce0')
         cpu_paths.require_same_paths('bce1')
     with torch.autocast('cuda', enabled=False):  # as stock
         cls_cost = F.binary_cross_entropy(
             scores.reshape(-1, num_classes)[rows].to(dtype=torch.float32),
-            onehot, reduction='none').sum(-1).to(dtype=scores.dtype)
-    iou_cost = -cpu_paths.as_stock('log', ious.reshape(-1)[pairs] + eps,
-                                   sizes)
-    pair_cost = (cls_cost * assigner.cls_weight +
-                 iou_cost * assigner.iou_weight +
-                 (~in_both.reshape(-1)[pairs]) * inf)
-    cost = pair_cost.new_full((num_imgs * num_priors * width, ),
-                              float('inf'))
+            onehot,
+            reduction='none').sum(-1).to(dtype=scores.dtype)
+    iou_cost = -cpu_paths.as_stock('log', ious.reshape(-1)[pairs] + eps, sizes)
+    pair_cost = (
+        cls_cost * assigner.cls_weight + iou_cost * assigner.iou_weight +
+        (~in_both.reshape(-1)[pairs]) * inf)
+    cost = pair_cost.new_full((num_imgs * num_priors * width, ), float('inf'))
     cost[pairs] = pair_cost
     cost = cost.view(num_imgs, num_priors, width)
-    bad = torch.zeros(num_imgs, dtype=torch.long, device=device).index_add_(
-        0, imgs, (~torch.isfinite(pair_cost)).long())
+    bad = torch.zeros(
+        num_imgs, dtype=torch.long,
+        device=device).index_add_(0, imgs, (~torch.isfinite(pair_cost)).long())
 
     # dynamic k: the top candidate_topk IoUs over the valid priors (others
     # are 0 here and, with >= candidate_topk valid priors, never counted).
@@ -107,8 +108,8 @@ def assign(assigner: Any, scores: Tensor, valid: Tensor, in_both: Tensor,
     # truncate to another k in stock.
     slack = 4. * topk * topk * 2.**-24
     exact = topk_sum.double()
-    near_int = (((exact + slack).floor().clamp(min=1) !=
-                 (exact - slack).floor().clamp(min=1)) & gt_mask).any(1)
+    near_int = (((exact + slack).floor().clamp(min=1)
+                 != (exact - slack).floor().clamp(min=1)) & gt_mask).any(1)
     # The k cheapest valid priors of each ground truth, and the next one:
     # equal costs at the boundary make stock's choice implementation-defined.
     depth = min(assigner.candidate_topk + 1, num_priors)
@@ -120,15 +121,15 @@ def assign(assigner: Any, scores: Tensor, valid: Tensor, in_both: Tensor,
     after = values.gather(1, dynamic_ks.clamp(max=depth - 1))
     edge_tie = ((last == after) & (dynamic_ks < depth) & torch.isfinite(last)
                 & gt_mask.unsqueeze(1)).flatten(1).any(1)
-    matching = torch.zeros_like(cost, dtype=torch.uint8).scatter_(
-        1, index, chosen.to(torch.uint8))
+    matching = torch.zeros_like(
+        cost, dtype=torch.uint8).scatter_(1, index, chosen.to(torch.uint8))
     # A prior matched more than once keeps its cheapest ground truth; equal
     # minima make the argmin implementation-defined.
     matches = matching.sum(-1)
     multiple = matches > 1
     min_cost, argmin = cost.min(-1)
-    min_tie = (multiple & ((cost == min_cost.unsqueeze(-1)).sum(-1) > 1)
-               ).any(-1)
+    min_tie = (multiple &
+               ((cost == min_cost.unsqueeze(-1)).sum(-1) > 1)).any(-1)
     gt_of = torch.where(multiple, argmin, matching.argmax(-1))
     pos = matches > 0
     # Stock sums (matching * ious) over a row with one 1: the IoU itself,
@@ -140,9 +141,12 @@ def assign(assigner: Any, scores: Tensor, valid: Tensor, in_both: Tensor,
     # reduction tree depends on how many). CUDA, >= 64 classes: the class
     # cost sums of an image with < 16 pairs use another block shape.
     few_pairs = 16 if device.type == 'cuda' and num_classes >= 64 else 0
-    fallback = [flags[i] > 0 or counts[i] > 0 and (
-        0 < num_valid[i] < assigner.candidate_topk
-        or 0 < sizes[i] < few_pairs) for i in range(num_imgs)]
+    fallback = [
+        flags[i] > 0
+        or counts[i] > 0 and (0 < num_valid[i] < assigner.candidate_topk
+                              or 0 < sizes[i] < few_pairs)
+        for i in range(num_imgs)
+    ]
     return Assignment(pos, gt_of, pos_iou, fallback, flags[num_imgs:], cost,
                       dynamic_ks.squeeze(1))
 
@@ -179,13 +183,13 @@ def build_targets(head: Any, priors: Tensor, cls: Tensor, obj: Tensor,
     obj_target = found.pos.to(obj.dtype).unsqueeze(-1)
     l1 = cls.new_zeros((flat.numel(), 4))
     if head.use_l1:
-        pos_priors = priors.reshape(-1, 4)[
-            flat % num_priors if priors.dim() == 2 else flat]
+        pos_priors = priors.reshape(
+            -1, 4)[flat % num_priors if priors.dim() == 2 else flat]
         box = xyxy_to_cxcywh(bbox)
         l1[:, :2] = (box[:, :2] - pos_priors[:, :2]) / pos_priors[:, 2:]
-        l1[:, 2:] = cpu_paths.as_stock(
-            'log', box[:, 2:] / pos_priors[:, 2:] + l1_eps,
-            [2 * n for n in counts])
+        l1[:, 2:] = cpu_paths.as_stock('log',
+                                       box[:, 2:] / pos_priors[:, 2:] + l1_eps,
+                                       [2 * n for n in counts])
     parts = [t.split(counts) for t in (cls_target, bbox, l1)]
     return [(found.pos[i], parts[0][i], obj_target[i], parts[1][i],
              parts[2][i], counts[i]) for i in range(num_imgs)]

@@ -22,8 +22,8 @@ from fast_parallel.step.targets import cpu_paths, simota
 #: attribute name for the private method of the head.
 _MMDET = {
     'YOLOXHead': ('mmdet.models.dense_heads', 'YOLOXHead'),
-    'SimOTAAssigner': ('mmdet.models.task_modules.assigners',
-                       'SimOTAAssigner'),
+    'SimOTAAssigner':
+    ('mmdet.models.task_modules.assigners', 'SimOTAAssigner'),
     'BboxOverlaps2D': ('mmdet.models.task_modules', 'BboxOverlaps2D'),
     'PseudoSampler': ('mmdet.models.task_modules', 'PseudoSampler'),
     'INF': ('mmdet.models.task_modules.assigners.sim_ota_assigner', 'INF'),
@@ -73,8 +73,8 @@ def yolox_supported(head: Any) -> Optional[str]:
         return 'BboxOverlaps2D with scale or dtype options'
     if type(getattr(head, 'sampler', None)) is not _mmdet('PseudoSampler'):
         return 'sampler is not PseudoSampler'
-    overridden = [m for m in _HEAD_METHODS if m in vars(head)] + [
-        m for m in _ASSIGNER_METHODS if m in vars(assigner)]
+    overridden = [m for m in _HEAD_METHODS if m in vars(head)
+                  ] + [m for m in _ASSIGNER_METHODS if m in vars(assigner)]
     if overridden:
         return f'{", ".join(overridden)} replaced on the instance'
     topk = assigner.candidate_topk
@@ -86,12 +86,16 @@ def yolox_supported(head: Any) -> Optional[str]:
     return None
 
 
-def yolox_targets(head: Any, priors: Tensor, cls_preds: Tensor,
-                  decoded_bboxes: Tensor, objectness: Tensor,
-                  batch_gt_instances: Sequence[Any],
-                  batch_img_metas: Sequence[dict],
-                  batch_gt_instances_ignore: Optional[Sequence[Any]] = None
-                  ) -> Tuple[tuple, int]:
+def yolox_targets(
+    head: Any,
+    priors: Tensor,
+    cls_preds: Tensor,
+    decoded_bboxes: Tensor,
+    objectness: Tensor,
+    batch_gt_instances: Sequence[Any],
+    batch_img_metas: Sequence[dict],
+    batch_gt_instances_ignore: Optional[Sequence[Any]] = None
+) -> Tuple[tuple, int]:
     """Stock's ``multi_apply(head._get_targets_single, ...)``, batched.
 
     Args:
@@ -151,8 +155,9 @@ def _batch_reason(head: Any, priors: Tensor, cls: Tensor, boxes: Tensor,
             or len(gts) != num_imgs or num_priors == 0):
         return 'shapes'
     tensors = [priors, cls, boxes, obj] + [g.bboxes for g in gts]
-    if any(type(t) is not Tensor or t.dtype != f32 or t.device != device
-           for t in tensors):
+    if any(
+            type(t) is not Tensor or t.dtype != f32 or t.device != device
+            for t in tensors):
         return 'dtypes or devices (float32 tensors on one device covered)'
     for gt in gts:
         labels = gt.labels
@@ -170,22 +175,25 @@ def _batch_reason(head: Any, priors: Tensor, cls: Tensor, boxes: Tensor,
     return None
 
 
-def _pad_gts(gts: Sequence[Any], device: torch.device
-             ) -> Tuple[Tensor, Tensor, Tensor, List[int]]:
+def _pad_gts(gts: Sequence[Any],
+             device: torch.device) -> Tuple[Tensor, Tensor, Tensor, List[int]]:
     """Ground truths padded to ``(B, G)``: boxes, labels, mask, counts."""
     counts = [int(g.bboxes.shape[0]) for g in gts]
     num_imgs, width, total = len(gts), max(counts), sum(counts)
     starts = [sum(counts[:i]) for i in range(num_imgs)]
-    meta = torch.tensor([i * width - s for i, s in enumerate(starts)] +
-                        counts, dtype=torch.long)
+    meta = torch.tensor(
+        [i * width - s for i, s in enumerate(starts)] + counts,
+        dtype=torch.long)
     meta = meta.to(device, non_blocking=True)  # the one host-to-device copy
     shift, count = meta[:num_imgs], meta[num_imgs:]
-    slots = torch.arange(total, device=device) + shift.repeat_interleave(
-        count, output_size=total)
+    slots = torch.arange(
+        total, device=device) + shift.repeat_interleave(
+            count, output_size=total)
     boxes = torch.cat([g.bboxes for g in gts])
     labels = torch.cat([g.labels for g in gts])
-    padded_boxes = boxes.new_zeros((num_imgs * width, 4)).index_copy_(
-        0, slots, boxes).view(num_imgs, width, 4)
+    padded_boxes = boxes.new_zeros(
+        (num_imgs * width, 4)).index_copy_(0, slots,
+                                           boxes).view(num_imgs, width, 4)
     padded_labels = labels.new_zeros(num_imgs * width).index_copy_(
         0, slots, labels).view(num_imgs, width)
     mask = torch.arange(width, device=device) < count.unsqueeze(1)
@@ -234,15 +242,16 @@ def prior_scores(cls: Tensor, obj: Tensor) -> Tensor:
     num_imgs, num_priors, num_classes = cls.shape
     scores = cpu_paths.as_stock('sigmoid', cls,
                                 [num_priors * num_classes] * num_imgs)
-    scores = scores * cpu_paths.as_stock(
-        'sigmoid', obj, [num_priors] * num_imgs).unsqueeze(-1)
+    scores = scores * cpu_paths.as_stock('sigmoid', obj,
+                                         [num_priors] * num_imgs).unsqueeze(-1)
     return scores.sqrt_()
 
 
 @torch.no_grad()
-def assign_batch(head: Any, priors: Tensor, cls: Tensor, boxes: Tensor,
-                 obj: Tensor, gts: Sequence[Any]
-                 ) -> Optional[Tuple[Tensor, Tensor, simota.Assignment]]:
+def assign_batch(
+        head: Any, priors: Tensor, cls: Tensor, boxes: Tensor, obj: Tensor,
+        gts: Sequence[Any]
+) -> Optional[Tuple[Tensor, Tensor, simota.Assignment]]:
     """SimOTA for a batch :func:`yolox_targets` covers (no ignore boxes).
 
     Args:
@@ -260,14 +269,13 @@ def assign_batch(head: Any, priors: Tensor, cls: Tensor, boxes: Tensor,
     gt, labels, gt_mask, counts = _pad_gts(gts, cls.device)
     if gt.shape[1] == 0:
         return None
-    offset = torch.cat([priors[..., :2] + priors[..., 2:] * 0.5,
-                        priors[..., 2:]], dim=-1)
+    offset = torch.cat(
+        [priors[..., :2] + priors[..., 2:] * 0.5, priors[..., 2:]], dim=-1)
     scores = prior_scores(cls, obj)
     valid, in_both = _in_gt_and_center(head.assigner, offset, gt, gt_mask)
     ious = head.assigner.iou_calculator(boxes, gt)
-    found = simota.assign(head.assigner, scores, valid, in_both, ious,
-                          labels, gt_mask, counts, _mmdet('INF'),
-                          _mmdet('EPS'))
+    found = simota.assign(head.assigner, scores, valid, in_both, ious, labels,
+                          gt_mask, counts, _mmdet('INF'), _mmdet('EPS'))
     return gt, labels, found
 
 
