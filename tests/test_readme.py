@@ -193,7 +193,6 @@ def test_links_lead_somewhere(page, link):
     """Every relative link (and its ``#anchor``) of README and docs."""
     path, _, anchor = link.partition('#')
     target = (ROOT / page).parent / path if path else ROOT / page
-    name = target.resolve().relative_to(ROOT).as_posix()
     assert target.exists(), f'{page}: {link}'
     if anchor:
         text = target.read_text()
