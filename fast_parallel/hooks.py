@@ -3,7 +3,6 @@
 from functools import partial
 from typing import Optional, Sequence, Union
 
-import torch
 from mmengine.hooks import Hook
 from mmengine.model import MMDistributedDataParallel, is_model_wrapper
 from mmengine.registry import HOOKS
@@ -13,10 +12,9 @@ from torch.utils.data import DataLoader
 
 from fast_parallel.compat import (LOADER_CONFIGS, check_runner, loader_config,
                                   loop_as_is)
-from fast_parallel.data.collate import (PackedCollate, is_packed_collate,
-                                        packed_config_hint,
-                                        reporting_worker_states)
-from fast_parallel.data.loader import accelerator_available, make_fast
+from fast_parallel.data.collate import is_packed_collate, packed_config_hint
+from fast_parallel.data.loader import (accelerator_available, loader_figures,
+                                       prepare_loader)
 from fast_parallel.data.rebuild import (rebuild_started, sampler_names,
                                         started_iterators)
 from fast_parallel.resume.hook import needs_worker_states
@@ -27,40 +25,6 @@ from fast_parallel.wrappers import (FastDataParallel,
 from fast_parallel.wrappers.data_parallel import module_device
 
 FAST_WRAPPERS = (FastDataParallel, FastDistributedDataParallel)
-
-
-def prepare_loader(loader: DataLoader,
-                   pin: bool,
-                   worker_states: bool = False) -> None:
-    """Puts the fast data path into a DataLoader whose iterator has not
-    started: packed collate, :class:`FastDataLoader`, pinned memory.
-
-    Args:
-        loader (DataLoader): The DataLoader, changed in place.
-        pin (bool): Turn ``pin_memory`` on (only where CUDA is available).
-        worker_states (bool): Make the packed collate function report its
-            workers' random states (``ExactResumeHook`` keeps them).
-            Defaults to False.
-    """
-    if worker_states:
-        loader.collate_fn = reporting_worker_states(loader.collate_fn)
-    elif not is_packed_collate(loader.collate_fn):
-        loader.collate_fn = PackedCollate(loader.collate_fn)
-    make_fast(loader)
-    if pin and torch.cuda.is_available() and not loader.pin_memory:
-        loader.pin_memory = True
-    if loader.pin_memory and not accelerator_available():
-        # torch would not pin (and would warn from fast_parallel's loader,
-        # whose iterator calls its __init__): the same batches, no warning.
-        loader.pin_memory = False
-
-
-def _loader_figures(loader: DataLoader) -> str:
-    """``2 workers, pinned`` for the start-of-training line."""
-    workers = loader.num_workers
-    pinned = 'pinned' if loader.pin_memory and accelerator_available() \
-        else 'not pinned'
-    return f'{workers} worker{"" if workers == 1 else "s"}, {pinned}'
 
 
 @HOOKS.register_module()
@@ -259,15 +223,15 @@ class FastParallelHook(Hook):
         started = started_iterators(loop, loader)
         if not started:
             prepare_loader(loader, pin, worker_states=states)
-            return f'packed ({_loader_figures(loader)})'
+            return f'packed ({loader_figures(loader)})'
         if is_packed_collate(loader.collate_fn):
             # packed by its config from the start
-            return f'packed by its config ({_loader_figures(loader)})'
+            return f'packed by its config ({loader_figures(loader)})'
         why = rebuild_started(
             runner, loop, cfg,
             partial(prepare_loader, pin=pin, worker_states=states))
         if why is None:
-            return f'packed, rebuilt ({_loader_figures(loop.dataloader)})'
+            return f'packed, rebuilt ({loader_figures(loop.dataloader)})'
         runner.logger.warning(
             f'FastParallelHook: the {name} DataLoader '
             f'({sampler_names(loader)}) stays on the stock data path, '

@@ -1,4 +1,5 @@
-"""``FastDataLoader``: torch's DataLoader without the per-batch profiler label.
+"""``FastDataLoader`` (torch's DataLoader without the per-batch profiler
+label) and ``prepare_loader``, which puts the fast data path into a loader.
 
 Every ``next()`` on a torch DataLoader iterator opens and closes a
 ``torch.autograd.profiler.record_function`` scope, two dispatcher calls
@@ -18,6 +19,8 @@ from torch.utils.data import DataLoader
 
 from fast_parallel.compat import (check_dataloader_internals,
                                   fast_iterator_classes)
+from fast_parallel.data.collate import (PackedCollate, is_packed_collate,
+                                        reporting_worker_states)
 
 # torch's iterators without the per-batch profiler scope (the seam builds
 # them from torch's private classes, checked on torch 2.13.0).
@@ -82,3 +85,37 @@ def make_fast(loader: DataLoader) -> bool:
     check_dataloader_internals()
     loader.__class__ = FastDataLoader
     return True
+
+
+def prepare_loader(loader: DataLoader,
+                   pin: bool,
+                   worker_states: bool = False) -> None:
+    """Puts the fast data path into a DataLoader whose iterator has not
+    started: packed collate, :class:`FastDataLoader`, pinned memory.
+
+    Args:
+        loader (DataLoader): The DataLoader, changed in place.
+        pin (bool): Turn ``pin_memory`` on (only where CUDA is available).
+        worker_states (bool): Make the packed collate function report its
+            workers' random states (``ExactResumeHook`` keeps them).
+            Defaults to False.
+    """
+    if worker_states:
+        loader.collate_fn = reporting_worker_states(loader.collate_fn)
+    elif not is_packed_collate(loader.collate_fn):
+        loader.collate_fn = PackedCollate(loader.collate_fn)
+    make_fast(loader)
+    if pin and torch.cuda.is_available() and not loader.pin_memory:
+        loader.pin_memory = True
+    if loader.pin_memory and not accelerator_available():
+        # torch would not pin (and would warn from fast_parallel's loader,
+        # whose iterator calls its __init__): the same batches, no warning.
+        loader.pin_memory = False
+
+
+def loader_figures(loader: DataLoader) -> str:
+    """``2 workers, pinned`` for the start-of-training line."""
+    workers = loader.num_workers
+    pinned = 'pinned' if loader.pin_memory and accelerator_available() \
+        else 'not pinned'
+    return f'{workers} worker{"" if workers == 1 else "s"}, {pinned}'
