@@ -10,7 +10,7 @@ import hashlib
 import json
 import pickle
 import uuid
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from helpers import assert_same_tree
@@ -260,7 +260,10 @@ def train(files: Dict[str, str],
           seed: Optional[int] = 7,
           resume_from: Optional[str] = None,
           checkpoints: bool = False,
-          exact_first: bool = False) -> BatchRecorder:
+          exact_first: bool = False,
+          collate: Any = None,
+          extra_hooks: Sequence[Hook] = (),
+          log_level: str = 'WARNING') -> BatchRecorder:
     """Trains the one-parameter model; returns what the batches were.
 
     Args:
@@ -278,6 +281,10 @@ def train(files: Dict[str, str],
         checkpoints (bool): Write a checkpoint every epoch / iteration.
         exact_first (bool): List ``ExactResumeHook`` before
             ``FastParallelHook`` (both VERY_HIGH: it runs first).
+        collate: The loader config's ``collate_fn``; None: mmengine's
+            default.
+        extra_hooks (Sequence[Hook]): More hooks, after the recorder.
+        log_level (str): The Runner's log level.
 
     Returns:
         BatchRecorder: The batches, in training order.
@@ -289,6 +296,8 @@ def train(files: Dict[str, str],
         batch_size=2,
         num_workers=workers,
         persistent_workers=persistent and workers > 0)
+    if collate is not None:
+        loader['collate_fn'] = collate
     if 'batch_sampler' in spec:
         loader['batch_sampler'] = spec['batch_sampler']
     train_cfg = dict(type='IterBasedTrainLoop', max_iters=iters) \
@@ -314,10 +323,10 @@ def train(files: Dict[str, str],
         default_hooks=dict(
             checkpoint=checkpoint,
             logger=dict(type='LoggerHook', interval=1000)),
-        custom_hooks=hooks + [recorder],
+        custom_hooks=hooks + [recorder, *extra_hooks],
         randomness=dict(seed=seed),
         default_scope='mmdet',
-        log_level='WARNING',
+        log_level=log_level,
         load_from=resume_from,
         resume=resume_from is not None)
     runner.train()
@@ -329,6 +338,7 @@ def train(files: Dict[str, str],
         it = getattr(holder, attr)
         if hasattr(it, '_shutdown_workers'):
             it._shutdown_workers()
+    recorder.collate_fn = loop.dataloader.collate_fn
     return recorder
 
 

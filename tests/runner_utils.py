@@ -82,3 +82,35 @@ def fault_env(**variables: str) -> Dict[str, str]:
     }
     env.update(variables, PYTHONPATH=TESTS)
     return env
+
+
+def checkpoint_tensors(path: Path) -> Dict[str, Any]:
+    """Every tensor a checkpoint holds: model, EMA, optimizer state.
+
+    Args:
+        path (Path): The checkpoint (loaded with ``weights_only=True``).
+
+    Returns:
+        dict: ``model.<key>``, ``ema.<key>``, ``optim.<param>.<key>``.
+    """
+    import torch
+    ckpt = torch.load(path)
+    tensors = {f'model.{k}': v for k, v in ckpt['state_dict'].items()}
+    tensors.update({f'ema.{k}': v for k, v in ckpt['ema_state_dict'].items()})
+    for pid, state in ckpt['optimizer']['state'].items():
+        tensors.update({
+            f'optim.{pid}.{k}': v
+            for k, v in state.items() if torch.is_tensor(v)
+        })
+    return tensors
+
+
+def differing(a: Dict[str, Any], b: Dict[str, Any]) -> List[str]:
+    """The keys whose tensors differ in dtype, shape or any byte."""
+    import torch
+    assert a.keys() == b.keys()
+    return [
+        k for k in a if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape
+        or not torch.equal(a[k].reshape(-1).view(torch.uint8), b[k].reshape(
+            -1).view(torch.uint8))
+    ]

@@ -22,7 +22,7 @@ import pytest
 import torch
 from mmengine.runner import Runner
 from models import CONFIGS
-from runner_utils import sample_config
+from runner_utils import checkpoint_tensors, differing, sample_config
 
 from fast_parallel.step.foreach_ema import is_fused_ema
 from fast_parallel.step.fused_optim import FusedSGD
@@ -57,25 +57,13 @@ def _train(cfg) -> Runner:
 
 
 def _end_state(work_dir: Path) -> Dict[str, torch.Tensor]:
+    tensors = checkpoint_tensors(work_dir / f'iter_{ITERS}.pth')
     ckpt = torch.load(work_dir / f'iter_{ITERS}.pth')
-    tensors = {f'model.{k}': v for k, v in ckpt['state_dict'].items()}
-    tensors.update({f'ema.{k}': v for k, v in ckpt['ema_state_dict'].items()})
-    for pid, state in ckpt['optimizer']['state'].items():
-        tensors.update({f'optim.{pid}.{k}': v for k, v in state.items()})
     tensors['param_groups'] = torch.tensor(
         [[g['lr'], g['momentum'], g['weight_decay']]
          for g in ckpt['optimizer']['param_groups']],
         dtype=torch.float64)
     return tensors
-
-
-def _differing(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> list:
-    assert a.keys() == b.keys()
-    return [
-        k for k in a if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape
-        or not torch.equal(a[k].reshape(-1).view(torch.uint8), b[k].reshape(
-            -1).view(torch.uint8))
-    ]
 
 
 @pytest.fixture(scope='module')
@@ -109,4 +97,4 @@ def test_same_end_as_uninterrupted_stock(ends, name):
     stock = ends['stock']
     assert sum(k.startswith('ema.') for k in stock) > 300
     assert sum(k.startswith('optim.') for k in stock) > 200
-    assert _differing(stock, ends[name]) == []
+    assert differing(stock, ends[name]) == []

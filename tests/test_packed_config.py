@@ -9,21 +9,17 @@ workers pack from the first batch: nothing needs restarting, the sampler
 stays stock's, and every batch crosses in one buffer per dtype. Real
 Runner, datasets, samplers and pipelines (:mod:`order_utils`).
 """
-import uuid
 from typing import Any, Dict, List
 
 import pytest
 import torch
 from mmengine.hooks import Hook
-from mmengine.runner import Runner
-from order_utils import (CASES, ITERS, BatchRecorder, OneParameter,
-                         assert_same_batches, train, write_ann_files)
+from order_utils import ITERS, assert_same_batches, train, write_ann_files
 from torch.utils.data import default_collate
 
 from fast_parallel import PackedBatch, pack
 from fast_parallel.data.collate import build_collate, is_packed_collate
 from fast_parallel.data.packing import stock_transfers
-from fast_parallel.data.rebuild import started_iterators
 
 PACKED = dict(type='packed_collate')
 
@@ -57,46 +53,23 @@ def train_with_collate(files, work_dir, case: str, loop: str, workers: int,
                        collate: Any) -> Dict[str, Any]:
     """``order_utils.train(..., fast=True)`` with the loader's
     ``collate_fn`` set in its config."""
-    spec = CASES[case]
-    loader = dict(
-        dataset=spec['dataset'](files),
-        sampler=spec['sampler'],
-        batch_size=2,
-        num_workers=workers,
-        persistent_workers=workers > 0,
-        collate_fn=collate)
-    if 'batch_sampler' in spec:
-        loader['batch_sampler'] = spec['batch_sampler']
-    train_cfg = dict(type='IterBasedTrainLoop', max_iters=ITERS) \
-        if loop == 'iter' else dict(type='EpochBasedTrainLoop', max_epochs=2)
-    recorder, copies = BatchRecorder(), CopyCounter()
-    runner = Runner(
-        model=OneParameter(),
-        work_dir=str(work_dir),
-        experiment_name=f'packed_{uuid.uuid4().hex}',
-        train_dataloader=loader,
-        train_cfg=train_cfg,
-        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
-        default_hooks=dict(
-            checkpoint=None, logger=dict(type='LoggerHook', interval=1000)),
-        custom_hooks=[
-            dict(type='FastParallelHook'),
-            dict(type='ExactResumeHook'), recorder, copies
-        ],
-        randomness=dict(seed=7),
-        default_scope='mmdet')
-    runner.train()
-    train_loop = runner.train_loop
-    for holder, attr in started_iterators(train_loop, train_loop.dataloader):
-        it = getattr(holder, attr)
-        if hasattr(it, '_shutdown_workers'):
-            it._shutdown_workers()
+    copies = CopyCounter()
+    recorder = train(
+        files,
+        work_dir,
+        case,
+        loop,
+        workers,
+        True,
+        collate=collate,
+        extra_hooks=[copies],
+        log_level='INFO')
     log = ''.join(p.read_text() for p in work_dir.glob('*/*.log'))
     return dict(
         recorder=recorder,
         copies=copies,
         log=log,
-        collate_fn=train_loop.dataloader.collate_fn)
+        collate_fn=recorder.collate_fn)
 
 
 def test_stock_sampler_loop_gets_packed_batches_from_its_config(

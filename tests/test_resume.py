@@ -12,9 +12,9 @@ import signal
 import subprocess
 import sys
 
-import torch
 from models import CONFIGS, ROOT
-from runner_utils import fault_env, sample_config, with_fault_hook
+from runner_utils import (checkpoint_tensors, differing, fault_env,
+                          sample_config, with_fault_hook)
 
 
 def resume_config(sample_data, tmp_path):
@@ -46,24 +46,7 @@ def train(config, work_dir, *extra, kill_at=None):
 
 
 def final_state(work_dir):
-    ckpt = torch.load(work_dir / 'iter_8.pth')  # weights_only=True
-    tensors = {f'model.{k}': v for k, v in ckpt['state_dict'].items()}
-    tensors.update({f'ema.{k}': v for k, v in ckpt['ema_state_dict'].items()})
-    for pid, state in ckpt['optimizer']['state'].items():
-        tensors.update({
-            f'optim.{pid}.{k}': v
-            for k, v in state.items() if torch.is_tensor(v)
-        })
-    return tensors
-
-
-def differing(a, b):
-    assert a.keys() == b.keys()
-    return [
-        k for k in a
-        if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or not torch.
-        equal(a[k].view(-1).view(torch.uint8), b[k].view(-1).view(torch.uint8))
-    ]
+    return checkpoint_tensors(work_dir / 'iter_8.pth')
 
 
 def run_pair(sample_data, tmp_path):

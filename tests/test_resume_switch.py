@@ -17,8 +17,7 @@ import pytest
 import torch
 from mmengine.runner import Runner
 from models import CONFIGS
-from runner_utils import sample_config
-from test_fused_resume import _differing
+from runner_utils import checkpoint_tensors, differing, sample_config
 
 from fast_parallel.resume.workers import decide_start
 
@@ -42,12 +41,7 @@ def _config(sample_data: Path,
 
 
 def _end_state(work_dir: Path) -> Dict[str, torch.Tensor]:
-    ckpt = torch.load(work_dir / f'epoch_{EPOCHS}.pth')
-    tensors = {f'model.{k}': v for k, v in ckpt['state_dict'].items()}
-    tensors.update({f'ema.{k}': v for k, v in ckpt['ema_state_dict'].items()})
-    for pid, state in ckpt['optimizer']['state'].items():
-        tensors.update({f'optim.{pid}.{k}': v for k, v in state.items()})
-    return tensors
+    return checkpoint_tensors(work_dir / f'epoch_{EPOCHS}.pth')
 
 
 def _log(work_dir: Path) -> str:
@@ -94,7 +88,7 @@ def test_resume_around_the_switch_is_exact(sample_data, whole, tmp_path, saved,
             sample_data, resumed, resume_from=work_dir / f'epoch_{saved}.pth'))
     runner.train()
     assert not (resumed / f'epoch_{saved}.pth').exists()  # it did resume
-    assert _differing(end, _end_state(resumed)) == []
+    assert differing(end, _end_state(resumed)) == []
     log = _log(resumed)
     assert message in log
     assert INEXACT not in log
