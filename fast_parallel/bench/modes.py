@@ -1,0 +1,132 @@
+"""``--ops`` and ``--train`` of ``tools/benchmark.py``: run, print tables.
+
+Both read a data folder, made with ``tools/make_sample_data.py`` when
+missing (:func:`ensure_data`).
+"""
+import argparse
+import importlib.util
+import os.path as osp
+import sys
+
+import torch
+from tqdm import tqdm
+
+from fast_parallel.bench.presets import ROOT
+
+
+def ensure_data(root: str, quick: bool, repo: str = ROOT) -> str:
+    """The benchmark data folder, made by tools/make_sample_data.py if needed.
+
+    Args:
+        root (str): The folder.
+        quick (bool): Small sample images (the tests' data) instead of
+            COCO-size ones.
+        repo (str): The repository holding ``tools/make_sample_data.py``.
+            Defaults to :data:`~fast_parallel.bench.presets.ROOT`.
+
+    Returns:
+        str: ``root``, absolute.
+    """
+    spec = importlib.util.spec_from_file_location(
+        'make_sample_data', osp.join(repo, 'tools', 'make_sample_data.py'))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    if quick:
+        out = tool.make_sample_data(root)
+    else:
+        out = tool.make_sample_data(
+            root, coco_images=64, kitti_frames=12, coco_size=(480, 640))
+    return str(out)
+
+
+def ops_section(args: argparse.Namespace, data: str) -> dict:
+    """``--ops``: op counts of each preset, stock vs fast.
+
+    Args:
+        args (argparse.Namespace): The command line (``presets``,
+            ``cfg_options``, ``ops_iters``, ``ops_warmup``).
+        data (str): The data folder.
+
+    Returns:
+        dict: :func:`~fast_parallel.bench.ops.count_preset`, by preset.
+    """
+    from fast_parallel.bench.ops import count_preset
+    from fast_parallel.bench.presets import load_preset
+    out = {}
+    for name in args.presets:
+        cfg = load_preset(name, data)
+        if args.cfg_options:
+            cfg.merge_from_dict(args.cfg_options)
+        out[name] = count_preset(cfg, args.ops_iters, args.ops_warmup,
+                                 'work_dirs/benchmark_ops')
+    return out
+
+
+def train_section(args: argparse.Namespace,
+                  data: str,
+                  repo: str = ROOT) -> dict:
+    """``--train``: end-to-end iteration times of the arms.
+
+    Args:
+        args (argparse.Namespace): The command line (``train_preset``,
+            ``cfg_options``, ``arms``, ``repeats``, ``train_iters``,
+            ``train_warmup``).
+        data (str): The data folder.
+        repo (str): The repository (the preset's config is relative to it).
+            Defaults to :data:`~fast_parallel.bench.presets.ROOT`.
+
+    Returns:
+        dict: :func:`~fast_parallel.bench.train_time.run_arms`.
+    """
+    from fast_parallel.bench.presets import PRESETS, data_options
+    from fast_parallel.bench.train_time import run_arms
+    config, kind = PRESETS[args.train_preset]
+    options = data_options(kind, data) + [
+        f'{k}={v}' for k, v in (args.cfg_options or {}).items()
+    ]
+    total = len(args.arms) * args.repeats
+    with tqdm(total=total, desc='train arms', file=sys.stderr) as bar:
+        return run_arms(
+            osp.join(repo, config),
+            args.arms,
+            args.train_iters,
+            args.train_warmup,
+            args.repeats,
+            options,
+            progress=bar.update)
+
+
+def run_modes(args: argparse.Namespace,
+              machine: dict,
+              device: torch.device,
+              repo: str = ROOT) -> dict:
+    """``--ops`` and/or ``--train``: run each, print its table.
+
+    Args:
+        args (argparse.Namespace): The command line (``ops``, ``train``,
+            ``data``, ``quick`` and what the sections read).
+        machine (dict): What the results name as the machine.
+        device (torch.device): The device the runs use.
+        repo (str): The repository. Defaults to
+            :data:`~fast_parallel.bench.presets.ROOT`.
+
+    Returns:
+        dict: ``machine``, then ``ops`` and / or ``train``.
+    """
+    from fast_parallel.bench.ops import format_ops
+    from fast_parallel.bench.train_time import format_train
+    results: dict = dict(machine=machine)
+    where = f'{machine["device"]}, {machine["cpus"]} CPUs, torch ' \
+        f'{machine["torch"]}'
+    data = ensure_data(args.data, args.quick, repo)  # both modes read it
+    if args.ops:
+        results['ops'] = ops_section(args, data)
+        print(format_ops(results['ops']))
+    if args.train:
+        results['train'] = train_section(args, data, repo)
+        print(
+            format_train(results['train'], where, cuda=device.type == 'cuda'))
+        if args.quick:
+            print('WARNING: --quick: a few iterations, one run per arm; a '
+                  'check that the tool works, not a measurement')
+    return results
