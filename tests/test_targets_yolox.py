@@ -15,6 +15,7 @@ import torch
 from mmdet.models.utils import multi_apply
 from mmdet.registry import MODELS
 from mmdet.utils import register_all_modules
+from mmengine.registry import DefaultScope
 from mmengine.structures import InstanceData
 
 from fast_parallel.bench.opcount import OpCounter
@@ -31,6 +32,14 @@ DEVICES = [
             not torch.cuda.is_available(), reason='needs CUDA'))
 ]
 CASES_PER_TEST = 10
+
+
+@pytest.fixture(autouse=True)
+def _mmdet_scope():
+    """Build in mmdet's scope whatever scope an earlier test left current
+    (the anchor3d tests leave mmdet3d's)."""
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        yield
 
 
 def _head(num_classes: int = 80, **assigner) -> torch.nn.Module:
