@@ -20,6 +20,7 @@ from fast_parallel.data.rebuild import (rebuild_started, sampler_names,
 from fast_parallel.resume.hook import needs_worker_states
 from fast_parallel.step.foreach_ema import fuse_ema
 from fast_parallel.step.fused_optim import fuse_optim_wrapper
+from fast_parallel.step.targets.switch import switch_targets
 from fast_parallel.wrappers import (FastDataParallel,
                                     FastDistributedDataParallel)
 from fast_parallel.wrappers.data_parallel import module_device
@@ -61,14 +62,22 @@ class FastParallelHook(Hook):
       state and checkpoints stay stock's;
     - every ``EMAHook``'s averaged model (mmengine's EMA family, mmdet's
       ``ExpMomentumEMA``) updates with foreach ops instead of two ops per
-      tensor (:mod:`fast_parallel.step.foreach_ema`).
+      tensor (:mod:`fast_parallel.step.foreach_ema`);
+    - the heads of :data:`~fast_parallel.step.targets.switch.COVERED`
+      (``YOLOXHead`` with ``SimOTAAssigner``, ``Anchor3DHead`` with
+      ``Max3DIoUAssigner``) compute the training targets of the whole batch
+      at once instead of one image at a time, bit-identical to stock; the
+      method is replaced on that head instance only. A sample the batched
+      path cannot decide as stock does is computed stock's way and counted
+      (:mod:`fast_parallel.step.targets.switch`).
 
     One log line says that the fast path is on and what it covers, e.g.
     ``FastParallelHook: on: wrapper FastDataParallel (cuda:0); loaders:
     train packed (2 workers, pinned), val packed (1 worker, pinned);
     optimizer: SGD 240 groups -> 2 fused steps; EMA (ExpMomentumEMA): 388
-    tensors in 1 multi-tensor update`` (a loader left stock reads ``train
-    stock (<sampler>: <why>)``, an optimizer left stock says why).
+    tensors in 1 multi-tensor update; targets: YOLOXHead/SimOTAAssigner
+    batched`` (a loader left stock reads ``train stock (<sampler>: <why>)``,
+    an optimizer or a head left stock says why).
 
     The batches stay stock's, in stock's order: a DataLoader whose iterator
     has not started yet changes in place; one that has (``IterBasedTrainLoop``
@@ -98,6 +107,8 @@ class FastParallelHook(Hook):
             Defaults to True.
         foreach_ema (bool): Update EMA models with foreach ops. Defaults to
             True.
+        fast_targets (bool): Compute the training targets of covered heads
+            for the whole batch at once. Defaults to True.
         priority (int | str): Hook priority. Defaults to 'VERY_HIGH', so
             the wrapper is in place before other hooks look at the model.
     """
@@ -109,11 +120,15 @@ class FastParallelHook(Hook):
                  pin_memory: Optional[bool] = None,
                  fuse_optimizer: bool = True,
                  foreach_ema: bool = True,
+                 fast_targets: bool = True,
                  priority: Union[int, str] = 'VERY_HIGH') -> None:
         self.device_ids = list(device_ids) if device_ids else None
         self.pin_memory = pin_memory
         self.fuse_optimizer = fuse_optimizer
         self.foreach_ema = foreach_ema
+        self.fast_targets = fast_targets
+        #: The counters of the heads switched to batched targets.
+        self.target_stats: list = []
         self.priority = priority
         self.enabled = False
         #: Per loop ('train', 'val', 'test'): what ``before_run`` did to its
@@ -167,6 +182,9 @@ class FastParallelHook(Hook):
                 fuse_ema(hook.ema_model) for hook in runner.hooks
                 if isinstance(getattr(hook, 'ema_model', None), nn.Module)
             ]
+        targets, self.target_stats = switch_targets(runner.model,
+                                                    self.fast_targets)
+        done.append(targets)
         runner.logger.info(self._summary(runner, done))
 
     def _summary(self, runner, done: Sequence[str]) -> str:
@@ -272,8 +290,12 @@ class FastParallelHook(Hook):
                 f'{means["transfer_mb"]:.2f} MB')
 
     def after_train_epoch(self, runner) -> None:
-        """Logs the epoch's mean transfer figures."""
+        """Logs the epoch's mean transfer figures and target counts."""
         self._report(runner, 'train')
+        for stats in self.target_stats if self.enabled else []:
+            line = stats.pop()
+            if line:
+                runner.logger.info(f'FastParallelHook: targets: {line}')
 
     def after_val_epoch(self, runner, metrics=None) -> None:
         """Logs the validation's mean transfer figures."""

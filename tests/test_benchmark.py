@@ -47,8 +47,14 @@ def test_ops_mode_counts_fewer_operations_same_step(tmp_path):
     assert len(stock['per_iter']) == len(fast['per_iter']) == 1
     # the bar (for YOLOX-s): at most 0.65 of stock's operations
     assert r['ratio'] == fast['total'] / stock['total'] <= 0.65
-    # the model's forward/backward is the same work on both paths
-    assert fast['phases']['train_step'] == stock['phases']['train_step']
+    # the model's forward/backward is the same work on both paths; the
+    # batched loss leaves out stock's priors repeat and its three
+    # tensor-to-bool syncs (a compare and an .item() each)
+    assert 0 <= stock['phases']['train_step'] - fast['phases'][
+        'train_step'] <= 8
+    # the targets are their own phase: per image on stock, batched on fast
+    assert stock['phases']['targets'] > 2 * fast['phases']['targets'] > 0
+    assert fast['items'] < stock['items']
     # 240 groups, 2 hyper-parameter sets: a few foreach calls, not ~1,000
     assert stock['phases']['optimizer_step'] > 240 * 4
     assert fast['phases']['optimizer_step'] <= 2 * 5

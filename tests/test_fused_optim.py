@@ -267,7 +267,9 @@ def test_adam_pointpillars_like_matches_stock(device, kind, options, foreach):
     """AdamW as in PointPillars (grad clipping included), and Adam."""
     stock, fused, summary = _twins(SmallNet(),
                                    _adam_cfg(kind, foreach, **options), device)
-    assert summary == f'optimizer: {kind} 10 groups -> 3 fused steps'
+    read_once = foreach and not options.get('maximize')
+    assert summary == (f'optimizer: {kind} 10 groups -> 3 fused steps' +
+                       (', step counts read in one go' if read_once else ''))
     assert type(fused[1].optimizer) is {
         'Adam': FusedAdam,
         'AdamW': FusedAdamW
@@ -330,6 +332,15 @@ def _traced_step(optimizer, params: List[torch.Tensor]) -> Dict:
                 names[value.data_ptr()] = f'{key} {i}'
     with _PathTrace(names) as tracer:
         optimizer.step()
+    # Adam's CPU step counts are read per count (.item()) by stock and in
+    # one go (stack) by fast_parallel.step.adam_foreach: the same floats
+    for name, ops in tracer.trace.items():
+        if name.startswith('step '):
+            tracer.trace[name] = [
+                op for op in ops
+                if op[0] not in ('aten._local_scalar_dense.default',
+                                 'aten.stack.default')
+            ]
     return tracer.trace
 
 
@@ -514,6 +525,51 @@ def test_fused_flag_set_later_runs_stock_step():
     assert calls == [1, 1]
 
 
+@pytest.mark.parametrize('device', DEVICES)
+@pytest.mark.parametrize('kind,options', [
+    ('AdamW', dict()),
+    ('AdamW', dict(amsgrad=True)),
+    ('Adam', dict(weight_decay=0.01)),
+    ('Adam', dict(weight_decay=0.)),
+])
+def test_one_adam_group_reads_its_step_counts_once(device, kind, options):
+    """PointPillars' AdamW: one group, foreach. Nothing to fuse, but torch
+    reads each parameter's CPU step count with two .item() calls per step;
+    the fused step reads them in one go, with stock's bytes, also while
+    missing grads make the counts differ from parameter to parameter."""
+    from fast_parallel.bench.opcount import OpCounter
+    cfg = dict(
+        type='OptimWrapper',
+        optimizer=dict(
+            dict(type=kind, lr=0.001, betas=(0.95, 0.99), foreach=True),
+            **options),
+        clip_grad=dict(max_norm=35, norm_type=2))
+    stock, fused, summary = _twins(SmallNet(), cfg, device)
+    assert summary == (f'optimizer: {kind} 1 group -> 1 fused step, step '
+                       'counts read in one go')
+    scheds = [_schedulers(stock[1], 6), _schedulers(fused[1], 6)]
+    counts = []
+    for step in range(6):
+        _set_grads([stock[0], fused[0]], step, skip_every=3, scale=20.)
+        items = []
+        for _, wrapper in (stock, fused):
+            with OpCounter() as counter:
+                wrapper.step()
+            items.append(counter.ops['_local_scalar_dense'])
+        _assert_twins_equal(stock, fused, f'step {step}')
+        with_grad = sum(p.grad is not None for p in stock[0].parameters())
+        # clip_grad's norm: one .item() on both; Adam: 2 per count on stock
+        assert items == [1 + 2 * with_grad, 1], f'step {step}'
+        counts.append({
+            float(state['step'])
+            for state in fused[1].optimizer.state.values()
+        })
+        for group in scheds:
+            for sched in group:
+                sched.step()
+    assert max(map(len, counts)) > 1  # the counts did differ
+
+
 @pytest.mark.parametrize('groups', [1, 2])
 def test_nothing_to_fuse_stays_stock(groups):
     """One group, or groups that all differ: the optimizer stays stock."""
@@ -548,7 +604,8 @@ def test_optim_wrapper_dict():
     stock, fused = build(net), build(twin)
     assert fuse_optim_wrapper(fused) == (
         'backbone: optimizer: SGD 4 groups -> 2 fused steps; '
-        'head: optimizer: AdamW 6 groups -> 2 fused steps')
+        'head: optimizer: AdamW 6 groups -> 2 fused steps, step counts '
+        'read in one go')
     for step in range(3):
         _set_grads([net, twin], step)
         for wrapper in (*stock.values(), *fused.values()):

@@ -117,9 +117,10 @@ def test_optimizer_and_ema_fused_with_stock_bytes(kind, name, ema, runs):
         assert optimizer._fused_calls == 2  # with and without decay
         assert (f'; optimizer: SGD {groups} groups -> 2 fused steps'
                 ) in _on_line(log)
-    else:  # mmdet3d's PointPillars: one group, nothing to fuse
-        assert type(optimizer).__name__ == name == 'AdamW' and groups == 1
-        assert '; optimizer: AdamW 1 group, left stock' in _on_line(log)
+    else:  # mmdet3d's PointPillars: one group, its step counts read once
+        assert type(optimizer).__name__ == 'FusedAdamW' and groups == 1
+        assert ('; optimizer: AdamW 1 group -> 1 fused step, step counts '
+                'read in one go') in _on_line(log)
     # the optimizer state is stock's, bit for bit, in stock's layout
     stock_state = stock_runner.optim_wrapper.state_dict()
     fast_state = fast_runner.optim_wrapper.state_dict()
@@ -213,7 +214,9 @@ def test_accuracy_parity_hook_missing_metric_fails():
     [('yolox', ('2 workers', '1 worker'), 'optimizer: SGD {groups} groups -> '
       '2 fused steps; EMA (ExpMomentumEMA): '),
      ('pointpillars',
-      ('0 workers', '0 workers'), 'optimizer: AdamW 1 group, left stock (')])
+      ('0 workers', '0 workers'), 'optimizer: AdamW 1 group -> 1 fused '
+      'step, step counts read in one go; targets: Anchor3DHead/'
+      'Max3DIoUAssigner batched')])
 def test_one_line_says_the_fast_path_is_on(kind, workers, fused, runs):
     fast = runs(kind, 'fast')
     runner = fast['runner']
@@ -226,3 +229,12 @@ def test_one_line_says_the_fast_path_is_on(kind, workers, fused, runs):
             f'loaders: train packed ({workers[0]}, {pinned}), '
             f'val packed ({workers[1]}, {pinned}); ' +
             fused.format(groups=groups)) in summary
+    head = runner.model.module.bbox_head
+    assert summary.endswith(f'; targets: {head.fast_target_stats.name} '
+                            'batched')
+    # every sample of the epoch took the batched targets, counted, logged
+    stats = head.fast_target_stats
+    assert stats.calls > 0 and stats.samples >= stats.calls
+    assert stats.stock == 0
+    assert (f'FastParallelHook: targets: {stats.name} batched for '
+            f'{stats.samples} of {stats.samples} ') in log

@@ -7,7 +7,8 @@ Usage:
         [--configs] [--config-iters 10] [--quick]
         [--json OUT.json] [--plot OUT.png]
     python tools/benchmark.py --ops [--presets yolox_s pointpillars]
-        [--ops-iters 3] [--ops-warmup 1] [--data data/bench] [--quick]
+        [--ops-iters 3] [--ops-warmup 1] [--ops-sweep 2 8 16]
+        [--data data/bench] [--quick]
     python tools/benchmark.py --train [--train-preset yolox_s]
         [--arms stock stock+pin_memory fast] [--train-iters 50]
         [--train-warmup 10] [--repeats 3] [--data data/bench] [--quick]
@@ -89,6 +90,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         help='configs --ops counts')
     parser.add_argument('--ops-iters', type=int, default=3)
     parser.add_argument('--ops-warmup', type=int, default=1)
+    parser.add_argument(
+        '--ops-sweep',
+        type=int,
+        nargs='+',
+        metavar='BATCH',
+        help='--ops: count the --sweep-presets again at these batch sizes')
+    parser.add_argument(
+        '--sweep-presets',
+        nargs='+',
+        choices=list(PRESETS),
+        default=['yolox_s', 'yolox_tiny_sample'],
+        help='the presets --ops-sweep counts (those also in --presets)')
     parser.add_argument(
         '--train',
         action='store_true',

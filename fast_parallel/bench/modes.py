@@ -5,8 +5,11 @@ missing (:func:`ensure_data`).
 """
 import argparse
 import importlib.util
+import json
 import os.path as osp
+import subprocess
 import sys
+import tempfile
 
 import torch
 from tqdm import tqdm
@@ -39,26 +42,64 @@ def ensure_data(root: str, quick: bool, repo: str = ROOT) -> str:
     return str(out)
 
 
-def ops_section(args: argparse.Namespace, data: str) -> dict:
+def _count_in_subprocess(args: argparse.Namespace, name: str, size: int,
+                         data: str, repo: str) -> dict:
+    """One sweep point, counted by ``tools/benchmark.py --ops`` in a new
+    process (a run at a large batch leaves much memory behind)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = osp.join(tmp, 'ops.json')
+        options = [f'{k}={v}' for k, v in (args.cfg_options or {}).items()]
+        command = [
+            sys.executable,
+            osp.join(repo, 'tools', 'benchmark.py'), '--ops', '--presets',
+            name, '--data', data, '--ops-iters',
+            str(args.ops_iters), '--ops-warmup',
+            str(args.ops_warmup), '--json', out, '--cfg-options',
+            f'train_dataloader.batch_size={size}', *options
+        ]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            return json.load(f)['ops'][name]
+
+
+def ops_section(args: argparse.Namespace, data: str, repo: str = ROOT) -> dict:
     """``--ops``: op counts of each preset, stock vs fast.
+
+    With ``--ops-sweep`` the presets of ``--sweep-presets`` are counted again
+    at every batch size given, each in a process of its own (the size the
+    config has is counted once and used for both tables).
 
     Args:
         args (argparse.Namespace): The command line (``presets``,
-            ``cfg_options``, ``ops_iters``, ``ops_warmup``).
+            ``cfg_options``, ``ops_iters``, ``ops_warmup``, ``ops_sweep``,
+            ``sweep_presets``).
         data (str): The data folder.
+        repo (str): The repository. Defaults to
+            :data:`~fast_parallel.bench.presets.ROOT`.
 
     Returns:
-        dict: :func:`~fast_parallel.bench.ops.count_preset`, by preset.
+        dict: :func:`~fast_parallel.bench.ops.count_preset`, by preset; with
+        a sweep, ``sweep``: preset -> batch size -> the same.
     """
     from fast_parallel.bench.ops import count_preset
     from fast_parallel.bench.presets import load_preset
-    out = {}
+    out: dict = {}
+    sweep: dict = {}
+    sizes = sorted(set(getattr(args, 'ops_sweep', None) or []))
     for name in args.presets:
         cfg = load_preset(name, data)
         if args.cfg_options:
             cfg.merge_from_dict(args.cfg_options)
-        out[name] = count_preset(cfg, args.ops_iters, args.ops_warmup,
-                                 'work_dirs/benchmark_ops')
+        if name in (getattr(args, 'sweep_presets', None) or []):
+            for size in sizes:
+                sweep.setdefault(name, {})[size] = _count_in_subprocess(
+                    args, name, size, data, repo)
+        own = cfg.train_dataloader.batch_size
+        out[name] = sweep[name][own] if own in sweep.get(
+            name, {}) else count_preset(cfg, args.ops_iters, args.ops_warmup,
+                                        'work_dirs/benchmark_ops')
+    if sweep:
+        out['sweep'] = sweep
     return out
 
 
@@ -113,15 +154,20 @@ def run_modes(args: argparse.Namespace,
     Returns:
         dict: ``machine``, then ``ops`` and / or ``train``.
     """
-    from fast_parallel.bench.ops import format_ops
+    from fast_parallel.bench.ops import format_ops, format_sweep
     from fast_parallel.bench.train_time import format_train
     results: dict = dict(machine=machine)
     where = f'{machine["device"]}, {machine["cpus"]} CPUs, torch ' \
         f'{machine["torch"]}'
     data = ensure_data(args.data, args.quick, repo)  # both modes read it
     if args.ops:
-        results['ops'] = ops_section(args, data)
+        results['ops'] = ops_section(args, data, repo)
+        sweep = results['ops'].pop('sweep', None)
         print(format_ops(results['ops']))
+        if sweep:
+            results['ops_sweep'] = sweep
+            print()
+            print(format_sweep(sweep))
     if args.train:
         results['train'] = train_section(args, data, repo)
         print(

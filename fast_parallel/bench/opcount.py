@@ -19,24 +19,30 @@ iteration under mmengine's Runner, from the first ``before_train_iter`` hook
 to the last ``after_train_iter`` hook, split into phases: the hooks before
 the step, ``train_step`` (moving the batch, data preprocessor, forward, loss,
 backward), the optimizer's ``step`` and the hooks after the step
-(``EMAHook``'s update, logging). The wait for the next batch is not in it.
+(``EMAHook``'s update, logging). The training targets (YOLOX's SimOTA,
+PointPillars' anchor targets, stock or batched: the heads of
+:data:`~fast_parallel.step.targets.switch.COVERED`) are a phase of their own,
+cut out of ``train_step``. The wait for the next batch is not in it.
 It also records how many tensor copies to the device the batch would need
 (stock ``cast_data``: one per tensor; fast: one per packed buffer), which a
 CPU run does not dispatch.
 """
 from collections import Counter
+from functools import wraps
 from typing import Any, Callable, Dict, List, Optional
 
 from mmengine.hooks import Hook
 
-from fast_parallel.compat import dispatch_mode_class
+from fast_parallel.compat import ITEM_OP, dispatch_mode_class
 from fast_parallel.data.batch import PackedBatch
 from fast_parallel.data.packing import stock_transfers
+from fast_parallel.step.targets.stats import TargetStats
+from fast_parallel.step.targets.switch import target_heads
 
 TorchDispatchMode = dispatch_mode_class()
 
-#: The phases of an iteration, in order.
-PHASES = ('before_iter_hooks', 'train_step', 'optimizer_step',
+#: The phases of an iteration, in order (``targets`` is within the step).
+PHASES = ('before_iter_hooks', 'train_step', 'targets', 'optimizer_step',
           'after_iter_hooks')
 
 
@@ -92,6 +98,8 @@ class _CountStart(Hook):
         self.record = record
         self.counter: Optional[OpCounter] = None
         self.copies = 0
+        self.observed = False
+        self._outer_phase = 'train_step'
 
     def before_train(self, runner) -> None:
         """Marks each optimizer step as its own phase."""
@@ -107,11 +115,46 @@ class _CountStart(Hook):
         if self.counter is not None:
             self.counter.phase = 'train_step'
 
+    def _targets(self, entering: bool) -> None:
+        """The targets phase, around each head's target computation."""
+        if self.counter is None:
+            return
+        if entering:
+            self._outer_phase = self.counter.phase
+            self.counter.phase = 'targets'
+        else:
+            self.counter.phase = self._outer_phase
+
+    def _observe_targets(self, model) -> None:
+        """Marks the targets of every covered head, stock or batched."""
+        self.observed = True
+        for head, covered in target_heads(model):
+            stats = getattr(head, 'fast_target_stats', None)
+            if isinstance(stats, TargetStats):
+                stats.observer = self._targets
+            elif covered is not None:
+                setattr(head, covered.stock_method,
+                        self._observed(getattr(head, covered.stock_method)))
+
+    def _observed(self, method: Callable) -> Callable:
+
+        @wraps(method)
+        def observed(*args: Any, **kwargs: Any) -> Any:
+            self._targets(True)
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self._targets(False)
+
+        return observed
+
     def before_train_iter(self,
                           runner,
                           batch_idx: int,
                           data_batch=None) -> None:
         """Starts counting; notes the batch's copies to a device."""
+        if not self.observed:  # after every before_train: heads switched
+            self._observe_targets(runner.model)
         self.copies = (
             data_batch.num_copies if isinstance(data_batch, PackedBatch) else
             stock_transfers(data_batch)[0])
@@ -160,6 +203,7 @@ class _CountStop(Hook):
                 ops=dict(counter.ops),
                 phases={p: counter.phases[p]
                         for p in PHASES},
+                items=counter.ops[ITEM_OP],
                 device_copies=self.start.copies))
 
 
@@ -176,8 +220,9 @@ def count_iteration_ops(runner) -> List[dict]:
     Returns:
         list[dict]: Filled during training, one dict per iteration:
         ``total`` operations, ``ops`` (name -> times dispatched),
-        ``phases`` (phase -> operations, see ``PHASES``) and
-        ``device_copies`` (tensor copies the batch needs to reach a device).
+        ``phases`` (phase -> operations, see ``PHASES``), ``items``
+        (``.item()`` calls, :data:`ITEM_OP`) and ``device_copies`` (tensor
+        copies the batch needs to reach a device).
     """
     record: List[dict] = []
     start = _CountStart(record)

@@ -82,7 +82,8 @@ def summarize(records: Dict[str, List[dict]], warmup: int) -> dict:
 
     Returns:
         dict: Per path ``total`` (median), ``per_iter`` (every measured
-        iteration), ``phases`` (medians), ``device_copies``; ``ratio``
+        iteration), ``phases`` (medians), ``items`` (``.item()`` calls,
+        median), ``device_copies``; ``ratio``
         (fast / stock of the medians) and ``changed`` (operation -> stock
         and fast median counts, largest differences first).
     """
@@ -98,6 +99,7 @@ def summarize(records: Dict[str, List[dict]], warmup: int) -> dict:
                 p: _median([r['phases'][p] for r in measured])
                 for p in PHASES
             },
+            items=_median([r['items'] for r in measured]),
             device_copies=_median([r['device_copies'] for r in measured]))
     out['ratio'] = out['fast']['total'] / out['stock']['total']
     names = set()
@@ -148,36 +150,73 @@ def count_preset(cfg: Config,
     return summary
 
 
+def _phases(r: dict) -> str:
+    p = r['phases']
+    hooks = p['before_iter_hooks'] + p['after_iter_hooks']
+    return (f'{p["train_step"]:,.0f} / {p["targets"]:,.0f} / '
+            f'{p["optimizer_step"]:,.0f} / {hooks:,.0f}')
+
+
 def format_ops(results: Dict[str, dict]) -> str:
     """Markdown tables of :func:`count_preset` results by preset name."""
     lines = [
         '## Operations dispatched per training iteration (median, '
         'views left out, optimizer foreach=True)', '',
         '| config | batch | stock ops | fast ops | fast / stock | '
-        'stock: train_step / optimizer / hooks | fast: train_step / '
-        'optimizer / hooks | copies to device stock / fast |',
-        '| --- | ---: | ---: | ---: | ---: | --- | --- | ---: |'
+        '`.item()` stock / fast | stock: step / targets / optimizer / '
+        'hooks | fast: step / targets / optimizer / hooks | '
+        'copies to device stock / fast |',
+        '| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |'
     ]
-
-    def phases(r: dict) -> str:
-        p = r['phases']
-        hooks = p['before_iter_hooks'] + p['after_iter_hooks']
-        return (f'{p["train_step"]:,.0f} / {p["optimizer_step"]:,.0f} / '
-                f'{hooks:,.0f}')
-
     for name, r in results.items():
         lines.append(
             f'| {name} | {r["batch_size"]} | {r["stock"]["total"]:,.0f} | '
             f'{r["fast"]["total"]:,.0f} | {r["ratio"]:.2f} | '
-            f'{phases(r["stock"])} | {phases(r["fast"])} | '
+            f'{r["stock"]["items"]:.0f} / {r["fast"]["items"]:.0f} | '
+            f'{_phases(r["stock"])} | {_phases(r["fast"])} | '
             f'{r["stock"]["device_copies"]:.0f} / '
             f'{r["fast"]["device_copies"]:.0f} |')
     lines += [
-        '', 'Operations that changed most (median per iteration, '
+        '', '(step: the rest of `train_step`: data preprocessor, forward, '
+        'loss, backward; targets: the heads\' training targets.)', '',
+        'Operations that changed most (median per iteration, '
         'stock -> fast):', ''
     ]
     for name, r in results.items():
         changed = ', '.join(f'{op} {c["stock"]:,.0f} -> {c["fast"]:,.0f}'
                             for op, c in r['changed'].items())
         lines.append(f'- {name}: {changed or "none"}')
+    return '\n'.join(lines)
+
+
+def format_sweep(sweeps: Dict[str, Dict[int, dict]]) -> str:
+    """Markdown table of batch-size sweeps (:func:`count_preset` per size).
+
+    Args:
+        sweeps (dict): Preset name -> batch size -> result.
+
+    Returns:
+        str: One row per preset and batch size, with the growth of each
+        path's count over the smallest batch.
+    """
+    lines = [
+        '## Operations per iteration against the batch size', '',
+        '| config | batch | stock ops | fast ops | stock targets | '
+        'fast targets | `.item()` stock / fast | growth over the smallest '
+        'batch stock / fast |', '| --- | ---: | ---: | ---: | ---: | ---: | '
+        '---: | ---: |'
+    ]
+    for name, by_size in sweeps.items():
+        first = by_size[min(by_size)]
+        for size in sorted(by_size):
+            r = by_size[size]
+            growth = ' / '.join(f'{r[p]["total"] / first[p]["total"] - 1:+.1%}'
+                                for p in PATHS)
+            lines.append(
+                f'| {name} | {size} | {r["stock"]["total"]:,.0f} | '
+                f'{r["fast"]["total"]:,.0f} | '
+                f'{r["stock"]["phases"]["targets"]:,.0f} | '
+                f'{r["fast"]["phases"]["targets"]:,.0f} | '
+                f'{r["stock"]["items"]:.0f} / {r["fast"]["items"]:.0f} | '
+                f'{growth} |')
     return '\n'.join(lines)

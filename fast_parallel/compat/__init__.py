@@ -9,11 +9,12 @@ the internal, the installed and the checked version and what to do. See
 ``docs/troubleshooting.md``.
 """
 # yapf: disable
-from fast_parallel.compat.core import (CHECKED_ON, CompatError,
+from fast_parallel.compat.core import (CHECKED_ON, ITEM_OP, CompatError,
                                        installed_version, missing, private)
 from fast_parallel.compat.mmdet import (STATEFUL_MODULE_ATTRS,
                                         SWITCH_ONCE_HOOKS, YOLOX_HEAD_METHODS,
-                                        switched_hooks, yolox_targets_single)
+                                        switched_hooks, yolox_bbox_decode,
+                                        yolox_targets_single)
 from fast_parallel.compat.mmengine import (ELEMENT_FIELD_SETS, LOADER_CONFIGS,
                                            check_runner, counts_iterations,
                                            data_element_fields,
@@ -46,17 +47,18 @@ from fast_parallel.compat.torch_data import (base_iterator_class,
 NUMPY_PICKLE_MODULES = ('numpy.core.multiarray', 'numpy._core.multiarray')
 
 __all__ = [
-    'CHECKED_ON', 'CompatError', 'ELEMENT_FIELD_SETS', 'LOADER_CONFIGS',
-    'NUMPY_PICKLE_MODULES', 'STATEFUL_MODULE_ATTRS', 'SWITCH_ONCE_HOOKS',
-    'YOLOX_HEAD_METHODS', 'base_iterator_class', 'check_dataloader_internals',
-    'check_runner', 'counts_iterations', 'data_element_fields',
-    'dataloader_class', 'decide_val_interval', 'dispatch_mode_class',
-    'fast_iterator_classes', 'history_statistics_methods',
-    'infinite_iterator_class', 'installed_version', 'is_resuming',
-    'iterator_base_seed', 'loader_config', 'loop_as_is', 'loop_length',
-    'loop_progress', 'message_hub_instances', 'missing', 'override_start',
-    'persistent_iterator', 'preprocessor_device', 'private',
-    'randomness_config', 'rehold', 'run_forward', 'set_persistent_iterator',
-    'shutdown_workers', 'start_iterator', 'started_iterators',
-    'switched_hooks', 'train_loop', 'yolox_targets_single'
+    'CHECKED_ON', 'CompatError', 'ITEM_OP', 'ELEMENT_FIELD_SETS',
+    'LOADER_CONFIGS', 'NUMPY_PICKLE_MODULES', 'STATEFUL_MODULE_ATTRS',
+    'SWITCH_ONCE_HOOKS', 'YOLOX_HEAD_METHODS', 'base_iterator_class',
+    'check_dataloader_internals', 'check_runner', 'counts_iterations',
+    'data_element_fields', 'dataloader_class', 'decide_val_interval',
+    'dispatch_mode_class', 'fast_iterator_classes',
+    'history_statistics_methods', 'infinite_iterator_class',
+    'installed_version', 'is_resuming', 'iterator_base_seed', 'loader_config',
+    'loop_as_is', 'loop_length', 'loop_progress', 'message_hub_instances',
+    'missing', 'override_start', 'persistent_iterator', 'preprocessor_device',
+    'private', 'randomness_config', 'rehold', 'run_forward',
+    'set_persistent_iterator', 'shutdown_workers', 'start_iterator',
+    'started_iterators', 'switched_hooks', 'train_loop', 'yolox_bbox_decode',
+    'yolox_targets_single'
 ]

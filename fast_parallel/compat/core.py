@@ -29,6 +29,11 @@ CHECKED_ON = {
     'mmdet3d': '1.4.0'
 }
 
+#: The aten operation of ``Tensor.item()`` (and ``int()``, ``float()``,
+#: ``bool()`` of a tensor): on a GPU, a device sync where the tensor is on
+#: the device.
+ITEM_OP = '_local_scalar_dense'
+
 
 class CompatError(RuntimeError):
     """An internal fast_parallel needs is missing from the installed version.

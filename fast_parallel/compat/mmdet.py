@@ -14,15 +14,23 @@ _RESIZE = ('mmdet.models.data_preprocessors.data_preprocessor',
 STATEFUL_MODULE_ATTRS: Dict[Tuple[str, str], Tuple[str, ...]] = {
     _RESIZE: ('_input_size', ),
 }
-#: ``YOLOXHead``'s per-image target method and its L1 helper (the stock
-#: path batched targets fall back to, and must not find overridden).
-YOLOX_HEAD_METHODS = ('_get_targets_single', '_get_l1_target')
+#: ``YOLOXHead``'s per-image target method, its L1 helper and its box
+#: decoder (the stock path batched targets fall back to, and the decoder the
+#: batched loss calls; an instance must not override them).
+YOLOX_HEAD_METHODS = ('_get_targets_single', '_get_l1_target', '_bbox_decode')
 
 
 def yolox_targets_single(head: Any) -> Any:
     """``head._get_targets_single``, the per-image stock target path."""
     return private(head, '_get_targets_single', 'mmdet',
                    'YOLOX images that take the stock target path')
+
+
+def yolox_bbox_decode(head: Any) -> Any:
+    """``head._bbox_decode``, the box decoder of ``YOLOXHead.loss_by_feat``.
+    """
+    return private(head, '_bbox_decode', 'mmdet',
+                   'the YOLOX loss with batched targets')
 
 
 #: mmdet hooks that switch the train pipeline once, restarting persistent

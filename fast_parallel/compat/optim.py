@@ -180,3 +180,22 @@ def foreach_sub(*args: Any, **kwargs: Any) -> Any:
 def foreach_copy_(*args: Any, **kwargs: Any) -> Any:
     """``torch._foreach_copy_``."""
     return torch._foreach_copy_(*args, **kwargs)
+
+
+# ------------------------------------------ Adam's multi-tensor step ---
+#: The multi-tensor ops torch's ``_multi_tensor_adam`` calls, which
+#: :mod:`fast_parallel.step.adam_foreach` calls in the same order.
+ADAM_FOREACH_OPS = ('_foreach_add_', '_foreach_mul_', '_foreach_add',
+                    '_foreach_lerp_', '_foreach_addcmul_', '_foreach_maximum_',
+                    '_foreach_sqrt', '_foreach_div_', '_foreach_addcdiv_')
+
+
+def adam_foreach_ops() -> Optional[dict]:
+    """The ops of :data:`ADAM_FOREACH_OPS`, by their name without
+    ``_foreach_`` (``'add_'``, ``'sqrt'``...); None if one is missing.
+    """
+    ops = {
+        name[len('_foreach_'):]: getattr(torch, name, None)
+        for name in ADAM_FOREACH_OPS
+    }
+    return None if None in ops.values() else ops

@@ -20,6 +20,8 @@ from fast_parallel.compat.optim import (MISSING_INTERNALS,
                                         graph_capture_health_check, init_group,
                                         patch_step_function, unhooked_step,
                                         use_grad_for_differentiable)
+from fast_parallel.step.adam_foreach import (multi_tensor_adam,
+                                             read_once_reason, static_reason)
 from fast_parallel.step.optim_buckets import (ADAM_KEYS, SGD_KEYS, Bucket,
                                               adam_foreach, add_to_buckets,
                                               hyper_key, sgd_foreach)
@@ -191,9 +193,23 @@ class _FusedAdamStep(_FusedStep):
             bucket.has_complex |= has_complex
 
     def _run(self, bucket: Bucket) -> None:
-        """One ``torch.optim.adam.adam`` call over a bucket."""
+        """One Adam call over a bucket: the step counts read in one go
+        (:mod:`fast_parallel.step.adam_foreach`) where that is exact, else
+        ``torch.optim.adam.adam``."""
         group = bucket.group
         beta1, beta2 = group['betas']
+        if read_once_reason(group, bucket.foreach, bucket.has_complex,
+                            bucket.lists) is None:
+            multi_tensor_adam(
+                *bucket.lists,
+                amsgrad=group['amsgrad'],
+                beta1=beta1,
+                beta2=beta2,
+                lr=group['lr'],
+                weight_decay=group['weight_decay'],
+                eps=group['eps'],
+                decoupled_weight_decay=group['decoupled_weight_decay'])
+            return
         _adam_module.adam(
             *bucket.lists,
             amsgrad=group['amsgrad'],
@@ -270,7 +286,10 @@ def fuse_optimizer(optimizer: Optimizer) -> str:
                         'out of scope)')
     groups = len(optimizer.param_groups)
     steps = _planned_steps(optimizer, stock)
-    if steps >= groups:
+    read_once = stock is not SGD and all(
+        static_reason(group) is None and adam_foreach(group, group['params'])
+        for group in optimizer.param_groups)
+    if steps >= groups and not read_once:
         unfuse_optimizer(optimizer)
         return (f'optimizer: {stock.__name__} {groups} '
                 f'group{"s" if groups != 1 else ""}, left stock (nothing '
@@ -280,8 +299,10 @@ def fuse_optimizer(optimizer: Optimizer) -> str:
         # Wraps the new class's step with torch's step hooks (once per
         # class), as Optimizer.__init__ does for every optimizer class.
         patch_step_function(optimizer)
-    return (f'optimizer: {stock.__name__} {groups} groups -> {steps} '
-            'fused steps')
+    plural = 's' if groups != 1 else ''
+    line = (f'optimizer: {stock.__name__} {groups} group{plural} -> {steps} '
+            f'fused step{"s" if steps != 1 else ""}')
+    return line + (', step counts read in one go' if read_once else '')
 
 
 def unfuse_optimizer(optimizer: Optimizer) -> None:

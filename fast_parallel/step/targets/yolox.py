@@ -108,8 +108,9 @@ def yolox_targets(
         batch_gt_instances (Sequence[InstanceData]): ``bboxes`` and ``labels``
             per image.
         batch_img_metas (Sequence[dict]): Per image (stock's path only).
-        batch_gt_instances_ignore (Sequence, optional): Ignored boxes; any
-            that is not None sends the batch the stock way. Defaults to None.
+        batch_gt_instances_ignore (Sequence, optional): Ignored boxes, which
+            stock's ``SimOTAAssigner.assign`` (mmdet 3.3.0) takes and never
+            reads: they change nothing, here as in stock. Defaults to None.
 
     Returns:
         tuple: ``((pos_masks, cls_targets, obj_targets, bbox_targets,
@@ -140,9 +141,11 @@ def yolox_targets(
 def _batch_reason(head: Any, priors: Tensor, cls: Tensor, boxes: Tensor,
                   obj: Tensor, gts: Sequence[Any],
                   ignore: Sequence[Any]) -> Optional[str]:
-    """Why this batch takes the stock path, or None."""
-    if any(i is not None for i in ignore):
-        return 'ignore boxes'
+    """Why this batch takes the stock path, or None.
+
+    Ignore boxes are no reason: the covered ``SimOTAAssigner.assign`` (not
+    replaced on the instance, :func:`yolox_supported`) never reads them.
+    """
     if cls.dim() != 3:
         return 'shapes'
     num_imgs, num_priors = cls.shape[:2]
