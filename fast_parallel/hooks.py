@@ -292,7 +292,7 @@ class FastParallelHook(Hook):
     def after_train_epoch(self, runner) -> None:
         """Logs the epoch's mean transfer figures and target counts."""
         self._report(runner, 'train')
-        for stats in self.target_stats if self.enabled else []:
+        for stats in self.target_stats:  # empty unless enabled
             line = stats.pop()
             if line:
                 runner.logger.info(f'FastParallelHook: targets: {line}')

@@ -40,8 +40,8 @@ def _yolox(num_classes: int = 80, width: int = 64) -> torch.nn.Module:
 def test_the_table_names_modules_that_cover_their_pair():
     for row in COVERED:
         module = importlib.import_module(row.module)
-        assert (module.HEAD, module.ASSIGNER) == (row.head, row.assigner)
-        assert callable(module.supported) and callable(module.install)
+        assert callable(module.supported)
+        assert getattr(module, row.replaces).__name__ == row.replaces
 
 
 def test_switch_changes_one_instance_only():

@@ -85,12 +85,12 @@ def ops_section(args: argparse.Namespace, data: str, repo: str = ROOT) -> dict:
     from fast_parallel.bench.presets import load_preset
     out: dict = {}
     sweep: dict = {}
-    sizes = sorted(set(getattr(args, 'ops_sweep', None) or []))
+    sizes = sorted(set(args.ops_sweep or []))
     for name in args.presets:
         cfg = load_preset(name, data)
         if args.cfg_options:
             cfg.merge_from_dict(args.cfg_options)
-        if name in (getattr(args, 'sweep_presets', None) or []):
+        if name in args.sweep_presets:
             for size in sizes:
                 sweep.setdefault(name, {})[size] = _count_in_subprocess(
                     args, name, size, data, repo)

@@ -8,6 +8,7 @@ stays stock and is named, with the reason, in the start-of-run line. How to
 add a head: ``docs/targets.md``.
 """
 import importlib
+from types import MethodType
 from typing import Iterator, List, NamedTuple, Optional, Tuple
 
 from mmengine.model import is_model_wrapper
@@ -20,28 +21,64 @@ from fast_parallel.step.targets.stats import TargetStats
 class Covered(NamedTuple):
     """One head/assigner pair with batched targets.
 
-    ``module`` names a module with ``HEAD``, ``ASSIGNER``,
-    ``supported(head) -> Optional[str]`` (None: covered exactly, else why
-    not) and ``install(head, stats)`` (switches that instance);
-    ``stock_method`` is the head method stock computes the targets in (per
-    sample or per batch), which the op counter observes on a stock head.
+    ``module`` names a module with ``supported(head) -> Optional[str]``
+    (None: covered exactly, else why not) and a function named ``replaces``:
+    the batched method that :func:`install` puts on the head instance in
+    place of the class's (it calls ``self.fast_target_stats.computing()``
+    around the targets and ``.add(...)`` after them). ``stock_method`` is the
+    head method stock computes the targets in (per sample or per batch),
+    which the op counter observes on a stock head.
     """
     head: str
     assigner: str
     module: str
     unit: str
+    replaces: str
     stock_method: str
 
 
 #: The head/assigner pairs with batched targets, by head class name.
 COVERED: Tuple[Covered, ...] = (
     Covered('YOLOXHead', 'SimOTAAssigner',
-            'fast_parallel.step.targets.yolox_loss', 'images',
+            'fast_parallel.step.targets.yolox_loss', 'images', 'loss_by_feat',
             YOLOX_HEAD_METHODS[0]),
     Covered('Anchor3DHead', 'Max3DIoUAssigner',
             'fast_parallel.step.targets.anchor3d_head', 'samples',
-            'anchor_target_3d'),
+            'anchor_target_3d', 'anchor_target_3d'),
 )
+
+
+def supported(head: nn.Module, covered: Covered) -> Optional[str]:
+    """None when ``covered``'s batched method is exact for ``head``.
+
+    Args:
+        head (nn.Module): A head of class ``covered.head``.
+        covered (Covered): Its row of :data:`COVERED`.
+
+    Returns:
+        Optional[str]: None, or why the head stays stock (for the log).
+    """
+    why = importlib.import_module(covered.module).supported(head)
+    if why is None and covered.replaces in vars(head):
+        why = f'{covered.replaces} replaced on the instance'
+    return why
+
+
+def install(head: nn.Module, covered: Covered) -> TargetStats:
+    """Puts ``covered``'s batched method on this one head instance.
+
+    Args:
+        head (nn.Module): A head :func:`supported` accepted.
+        covered (Covered): Its row of :data:`COVERED`.
+
+    Returns:
+        TargetStats: The head's counter (also ``head.fast_target_stats``).
+    """
+    stats = TargetStats(f'{covered.head}/{covered.assigner}', covered.unit)
+    method = getattr(importlib.import_module(covered.module), covered.replaces)
+    head.fast_target_stats = stats
+    setattr(head, covered.replaces, MethodType(method, head))
+    return stats
 
 
 def _computes_targets(module: nn.Module) -> bool:
@@ -114,14 +151,10 @@ def switch_targets(model: nn.Module,
         if covered is None:
             parts.append(f'{_label(head)} stock (not covered)')
             continue
-        path = importlib.import_module(covered.module)
-        why = path.supported(head)
+        why = supported(head, covered)
         if why is not None:
             parts.append(f'{_label(head)} stock ({why})')
             continue
-        counter = TargetStats(f'{covered.head}/{covered.assigner}',
-                              covered.unit)
-        path.install(head, counter)
-        stats.append(counter)
+        stats.append(install(head, covered))
         parts.append(f'{_label(head)} batched')
     return 'targets: ' + (', '.join(parts) or 'no dense head found'), stats

@@ -1,44 +1,25 @@
 """``YOLOXHead.loss_by_feat`` with the SimOTA targets of the batch at once.
 
-:func:`install` replaces ``loss_by_feat`` on one head instance with
-:func:`loss_by_feat`: mmdet 3.3.0's body, line for line, except that the
-targets come from :func:`~fast_parallel.step.targets.yolox.yolox_targets`
-(one pass for all images, equal to ``_get_targets_single`` bit for bit) and
-that, outside distributed training, the positive count is decided on the
-host, where the targets already put it (stock compares a tensor with
-``1.0`` and ``0``: two or three device syncs that decide the same thing).
+:func:`~fast_parallel.step.targets.switch.install` puts
+:func:`loss_by_feat` on one head instance in place of the class's: mmdet
+3.3.0's body, line for line, except that the targets come from
+:func:`~fast_parallel.step.targets.yolox.yolox_targets` (one pass for all
+images, equal to ``_get_targets_single`` bit for bit) and that, outside
+distributed training, the positive count is decided on the host, where the
+targets already put it (stock compares a tensor with ``1.0`` and ``0``: two
+or three device syncs that decide the same thing).
 """
-from types import MethodType
 from typing import Any, Optional, Sequence
 
 import torch
+from mmdet.utils import reduce_mean
 from torch import Tensor
 
 from fast_parallel.compat import yolox_bbox_decode
-from fast_parallel.step.targets.stats import TargetStats
 from fast_parallel.step.targets.yolox import yolox_supported, yolox_targets
 
-#: The pair this module covers, as the switch's table and log name it.
-HEAD, ASSIGNER = 'YOLOXHead', 'SimOTAAssigner'
-
-
-def supported(head: Any) -> Optional[str]:
-    """None when :func:`install` covers ``head`` exactly, else why not."""
-    why = yolox_supported(head)
-    if why is None and 'loss_by_feat' in vars(head):
-        why = 'loss_by_feat replaced on the instance'
-    return why
-
-
-def install(head: Any, stats: TargetStats) -> None:
-    """Gives ``head`` (one instance) the batched-target ``loss_by_feat``.
-
-    Args:
-        head: A ``YOLOXHead`` :func:`supported` accepts.
-        stats (TargetStats): Counts the images that took the stock path.
-    """
-    head.fast_target_stats = stats
-    head.loss_by_feat = MethodType(loss_by_feat, head)
+#: None when :func:`loss_by_feat` is exact for a head, else why not.
+supported = yolox_supported
 
 
 def _distributed() -> bool:
@@ -114,7 +95,6 @@ def loss_by_feat(
     num_pos = torch.tensor(
         total, dtype=torch.float, device=flatten_cls_preds.device)
     if _distributed():
-        from mmdet.utils import reduce_mean
         num_total_samples = max(reduce_mean(num_pos), 1.0)
     else:  # stock's max(num_pos, 1.0), decided from the host's count
         num_total_samples = 1.0 if total < 1 else num_pos
