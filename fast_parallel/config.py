@@ -1,10 +1,12 @@
 """``enable(cfg)``: the fast-path opt-in applied to a ``Config``."""
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from mmengine.config import Config
 
 #: The hooks ``enable`` adds and ``disable`` removes.
 FAST_HOOKS = ('FastParallelHook', 'ExactResumeHook')
+#: The loader configs whose packed collate ``disable`` unwraps.
+LOADER_KEYS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 
 
 def enable(cfg: Config, device_ids: Optional[Sequence[int]] = None) -> Config:
@@ -67,7 +69,12 @@ def is_enabled(cfg: Config) -> bool:
 def disable(cfg: Config) -> Config:
     """Takes a config off the fast path, in place.
 
-    The fast hooks go (``FastParallelHook``, ``ExactResumeHook``).
+    The fast hooks go (``FastParallelHook``, ``ExactResumeHook``). A loader
+    config that packs by itself (``collate_fn=dict(type='packed_collate')``,
+    or a ``PackedCollate``) gets back the collate function the packed one
+    wraps (its ``inner``, or mmengine's default ``pseudo_collate``): a stock
+    model reads stock's batches, which a packed batch only becomes in the
+    fast wrapper (see :func:`stock_collate_cfg`).
     ``fast_parallel`` stays in ``custom_imports``: a config may name what
     the package registers besides the hooks (the PointPillars configs use
     ``KittiMetricCPU`` and ``DataBaseSamplerNp124``), and importing it
@@ -88,6 +95,10 @@ def disable(cfg: Config) -> Config:
         h for h in (cfg.get('custom_hooks', None) or [])
         if _hook_type(h) not in FAST_HOOKS
     ]
+    for key in LOADER_KEYS:
+        loader = cfg.get(key, None)
+        if isinstance(loader, dict) and 'collate_fn' in loader:
+            loader['collate_fn'] = stock_collate_cfg(loader['collate_fn'])
     wrapper = cfg.get('model_wrapper_cfg', None) or {}
     kind = _type_name(wrapper.get('type'))
     if kind == 'FastDistributedDataParallel':
@@ -95,6 +106,31 @@ def disable(cfg: Config) -> Config:
     elif kind == 'FastDataParallel':
         cfg.model_wrapper_cfg = None
     return cfg
+
+
+def stock_collate_cfg(collate: Any) -> Any:
+    """The collate function a packed one wraps, as a loader config names it.
+
+    Args:
+        collate: A loader's ``collate_fn`` config: a dict, a name, a
+            function or a :class:`~fast_parallel.PackedCollate`.
+
+    Returns:
+        ``collate`` itself when it does not pack; else its ``inner`` (a dict
+        with ``type='packed_collate'`` and no ``inner``, or
+        ``packed_collate`` itself, gives ``dict(type='pseudo_collate')``,
+        mmengine's default).
+    """
+    from fast_parallel.data.collate import PackedCollate, packed_collate
+    if isinstance(collate, PackedCollate):
+        return collate.inner
+    if collate is packed_collate or collate == 'packed_collate':
+        return dict(type='pseudo_collate')
+    if isinstance(collate, dict) and _type_name(
+            collate.get('type')) == 'packed_collate':
+        inner = collate.get('inner', None)
+        return dict(type='pseudo_collate') if inner is None else inner
+    return collate
 
 
 def _hook_type(hook) -> str:
