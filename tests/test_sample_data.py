@@ -2,7 +2,9 @@
 
 The COCO set goes through mmdet's ``CocoDataset``, ``CocoMetric`` and the
 YOLOX train pipeline; the KITTI set through mmdet3d's converter,
-``KittiDataset`` and the PointPillars car pipeline with ``ObjectSample``.
+``KittiDataset`` and the PointPillars car pipeline with ``ObjectSample``; the
+nuScenes set through mmdet3d's gt database step, ``NuScenesDataset`` and
+CenterPoint's train pipeline (sweeps, ``ObjectSample``, ``CBGSDataset``).
 """
 import copy
 import json
@@ -22,6 +24,9 @@ from mmengine.hub import get_config
 ROOT = Path(__file__).resolve().parents[1]
 COCO_TRAIN, COCO_VAL = 8, 4  # the tool's defaults
 KITTI_TRAIN, KITTI_VAL, KITTI_TEST = 6, 3, 3
+NUSCENES_TRAIN, NUSCENES_VAL = 4, 2
+CENTERPOINT = ROOT / ('configs/centerpoint/'
+                      'centerpoint_pillar02_second_secfpn_fast_sample.py')
 PP_CAR = ('mmdet3d::pointpillars/'
           'pointpillars_hv_secfpn_8xb6-160e_kitti-3d-car.py')
 YOLOX = 'mmdet::yolox/yolox_s_8xb8-300e_coco.py'
@@ -105,12 +110,15 @@ def test_deterministic(tool, data, tmp_path):
     tool.make_coco(tmp_path / 'coco', COCO_TRAIN, COCO_VAL, seed=0)
     tool.make_kitti_raw(
         tmp_path / 'kitti', KITTI_TRAIN, KITTI_VAL, KITTI_TEST, seed=0)
+    tool.make_nuscenes_raw(
+        tmp_path / 'nuscenes', NUSCENES_TRAIN, NUSCENES_VAL, seed=0)
     raw = [
         p.relative_to(tmp_path) for p in sorted(tmp_path.rglob('*'))
         if p.is_file()
     ]
     assert len(raw) == 2 + COCO_TRAIN + COCO_VAL + 5 * (
-        KITTI_TRAIN + KITTI_VAL) + 3 * KITTI_TEST + 4
+        KITTI_TRAIN + KITTI_VAL) + 3 * KITTI_TEST + 4 + 2 + 11 * (
+            NUSCENES_TRAIN + NUSCENES_VAL)
     for rel in raw:
         assert (tmp_path / rel).read_bytes() == (data / rel).read_bytes(), rel
     tool.make_kitti_raw(tmp_path / 'other', 1, 0, 0, seed=1)
@@ -122,9 +130,10 @@ def test_skip_existing(tool, data, capsys):
     before = {p: p.stat().st_mtime_ns for p in data.rglob('*') if p.is_file()}
     assert tool.main(['--out', str(data)]) == {
         'coco': str(data / 'coco'),
-        'kitti': str(data / 'kitti')
+        'kitti': str(data / 'kitti'),
+        'nuscenes': str(data / 'nuscenes')
     }
-    assert capsys.readouterr().out.count('already there, skipped') == 2
+    assert capsys.readouterr().out.count('already there, skipped') == 3
     assert {
         p: p.stat().st_mtime_ns
         for p in data.rglob('*') if p.is_file()
@@ -134,14 +143,15 @@ def test_skip_existing(tool, data, capsys):
 def test_progress_lines_and_help(tool, data, tmp_path, capsys):
     out = tmp_path / 'out'
     out.mkdir()
-    (out / 'kitti').symlink_to(data / 'kitti')  # all there: skipped
+    for part in ('kitti', 'nuscenes'):  # all there: skipped
+        (out / part).symlink_to(data / part)
     tool.make_sample_data(out, coco_images=3)
     printed = capsys.readouterr().out
     assert re.search(
         r'^make_sample_data: COCO 3 train \+ 2 val images, '
         r'128-160 px, in \S+/coco \.\.\. done in \d+\.\d s$', printed,
         re.M), printed
-    assert printed.count('already there, skipped') == 1
+    assert printed.count('already there, skipped') == 2
     with pytest.raises(SystemExit) as exit_:
         tool.main(['--help'])
     assert exit_.value.code == 0
@@ -149,7 +159,8 @@ def test_progress_lines_and_help(tool, data, tmp_path, capsys):
     assert 'KITTI set' in text  # the description
     for option, default in (('--out OUT', 'data'), ('--coco-images', '8'),
                             ('--coco-size MIN MAX', '[128, 160]'),
-                            ('--kitti-frames', '6'), ('--seed', '0')):
+                            ('--kitti-frames', '6'), ('--nuscenes-frames',
+                                                      '4'), ('--seed', '0')):
         # every option has a help text, which names its default
         help_ = re.search(
             rf'{re.escape(option)}(?: \w+)? (\w[^-]*?) '
@@ -365,6 +376,126 @@ def test_stock_object_sample(data):
     register_all_modules()
     ds = DATASETS.build(car_train_cfg(data, 'DataBaseSampler'))
     assert len(ds[0]['data_samples'].gt_instances_3d.bboxes_3d) > 0
+
+
+def nuscenes_points(path: Path) -> np.ndarray:
+    return np.fromfile(path, dtype=np.float32).reshape(-1, 5)
+
+
+def test_nuscenes_files_and_infos(data):
+    """Key frames with 10 sweeps each, 1.x infos, the gt database."""
+    nus = data / 'nuscenes'
+    assert len(list((nus / 'samples/LIDAR_TOP').glob('*.pcd.bin'))) == \
+        NUSCENES_TRAIN + NUSCENES_VAL
+    assert len(list((nus / 'sweeps/LIDAR_TOP').glob('*.pcd.bin'))) == \
+        10 * (NUSCENES_TRAIN + NUSCENES_VAL)
+    labels = set()
+    for split, count in (('train', NUSCENES_TRAIN), ('val', NUSCENES_VAL)):
+        with open(nus / f'nuscenes_infos_{split}.pkl', 'rb') as f:
+            infos = pickle.load(f)
+        assert infos['metainfo']['categories']['car'] == 0
+        assert len(infos['data_list']) == count
+        for info in infos['data_list']:
+            points = nuscenes_points(nus / 'samples/LIDAR_TOP' /
+                                     info['lidar_points']['lidar_path'])
+            assert len(points) > 5000
+            assert np.median(points[:, 2]) == pytest.approx(-1.84, abs=0.05)
+            assert set(np.unique(points[:, 4])) <= set(range(32))
+            assert len(info['lidar_sweeps']) == 10
+            for sweep in info['lidar_sweeps']:
+                assert info['timestamp'] - 0.51 < sweep['timestamp'] < \
+                    info['timestamp']
+                assert (nus / sweep['lidar_points']['lidar_path']).exists()
+            for inst in info['instances']:
+                assert len(inst['bbox_3d']) == 7 and len(inst['velocity']) == 2
+                assert inst['bbox_3d_isvalid'] and inst['num_lidar_pts'] > 0
+                labels.add(inst['bbox_label_3d'])
+    assert labels == set(range(10))  # all ten classes
+    with open(nus / 'nuscenes_dbinfos_train.pkl', 'rb') as f:
+        db = pickle.load(f)
+    assert set(db) == set(tool_classes())
+    assert all(x['num_points_in_gt'] >= 5 for v in db.values() for x in v)
+    assert len(list((nus / 'nuscenes_gt_database').glob('*.bin'))) == sum(
+        len(v) for v in db.values())
+
+
+def tool_classes():
+    from fast_parallel.bench.sample_data import NUSCENES_CLASSES
+    return NUSCENES_CLASSES
+
+
+def test_sweeps_land_on_their_key_frame(data):
+    """mmdet3d's ``LoadPointsFromMultiSweeps`` maps a sweep into the key
+    frame: its object points lie in the key frame's boxes (moved back by
+    their velocity over the sweep's time lag)."""
+    from mmdet3d.datasets.transforms import LoadPointsFromMultiSweeps
+    from mmdet3d.structures import LiDARPoints
+    nus = data / 'nuscenes'
+    with open(nus / 'nuscenes_infos_train.pkl', 'rb') as f:
+        info = pickle.load(f)['data_list'][0]
+    for sweep in info['lidar_sweeps']:
+        sweep['lidar_points']['lidar_path'] = str(
+            nus / sweep['lidar_points']['lidar_path'])
+    key = nuscenes_points(nus / 'samples/LIDAR_TOP' /
+                          info['lidar_points']['lidar_path'])
+    results = LoadPointsFromMultiSweeps(
+        sweeps_num=10, use_dim=[0, 1, 2, 3, 4], remove_close=False)(
+            dict(
+                points=LiDARPoints(key, points_dim=5),
+                timestamp=info['timestamp'],
+                lidar_sweeps=info['lidar_sweeps']))
+    points = results['points'].tensor.double().numpy()
+    lag = points[:, 4]
+    boxes = np.array([inst['bbox_3d'] for inst in info['instances']])
+    velocity = np.nan_to_num(
+        np.array([inst['velocity'] for inst in info['instances']]))
+    lags = np.unique(lag)
+    assert len(lags) == 11
+    for dt in lags:
+        xyz = points[lag == dt, :3]
+        inside = 0
+        for box, v in zip(boxes, velocity):
+            centre = box[:3] - np.array([*(v * dt), 0.0])
+            cos, sin = np.cos(-box[6]), np.sin(-box[6])
+            d = xyz - centre
+            local = np.stack([
+                cos * d[:, 0] - sin * d[:, 1], sin * d[:, 0] + cos * d[:, 1],
+                d[:, 2]
+            ], 1)
+            inside += (np.abs(local) <= box[3:6] / 2 + 1e-3).all(1).sum()
+        # the object points of each sweep (>= 10 per object) are in a box
+        assert inside >= 10 * len(boxes), float(dt)
+
+
+def test_centerpoint_train_pipeline(data):
+    """The sample config's dataset (CBGS over NuScenesDataset) and train
+    pipeline: 9 sweeps, database objects added, all ten classes."""
+    from mmdet3d.registry import DATASETS
+    from mmdet3d.utils import register_all_modules
+    from mmengine.config import Config
+
+    import fast_parallel.contrib.db_sampler  # noqa: F401
+    register_all_modules()
+    cfg = Config.fromfile(str(CENTERPOINT)).train_dataloader.dataset
+    nus = f'{data}/nuscenes/'
+    cfg.dataset.data_root = nus
+    cfg.dataset.pipeline[3].db_sampler.data_root = nus
+    cfg.dataset.pipeline[3].db_sampler.info_path = \
+        nus + 'nuscenes_dbinfos_train.pkl'
+    seed_everything()
+    ds = DATASETS.build(cfg)
+    assert len(ds) > NUSCENES_TRAIN  # class-balanced: frames repeat
+    seen = set()
+    for i in range(4):
+        sample = ds[i]
+        points = sample['inputs']['points']
+        assert points.shape[1] == 5
+        # the key frame and 9 sweeps (database objects bring their own lags)
+        assert len(torch.unique(points[:, 4])) >= 10
+        gts = sample['data_samples'].gt_instances_3d
+        assert gts.bboxes_3d.tensor.shape[1] == 9  # with velocities
+        seen.update(gts.labels_3d.tolist())
+    assert len(seen) == 10
 
 
 def test_ceil_halves(tool, tmp_path):

@@ -1,9 +1,10 @@
-"""Writes a small, deterministic COCO set and KITTI set for tests and demos.
+"""Writes small, deterministic COCO, KITTI and nuScenes sets for tests and
+demos.
 
 Usage:
     python tools/make_sample_data.py [--out data] [--coco-images 8]
-        [--coco-size 128 160] [--kitti-frames 6] [--seed 0]
-        [--no-skip-existing]
+        [--coco-size 128 160] [--kitti-frames 6] [--nuscenes-frames 4]
+        [--seed 0] [--no-skip-existing]
 
 The sample configs (``configs/*/*_fast_sample.py``) read ``data/sample``:
 ``python tools/make_sample_data.py --out data/sample``. The makers live in
@@ -18,7 +19,8 @@ from typing import Dict, Optional, Sequence
 from fast_parallel.bench.sample_data import (COCO_CATEGORY_IDS, COCO_SHAPES,
                                              COCO_SIZE, coco_is,
                                              coco_made_with, make_coco,
-                                             make_kitti_raw, make_sample_data)
+                                             make_kitti_raw, make_nuscenes_raw,
+                                             make_sample_data)
 
 # The names this tool had before its makers moved (the tests use them).
 _coco_made_with = coco_made_with
@@ -26,7 +28,8 @@ _coco_is = coco_is
 
 __all__ = [
     'COCO_CATEGORY_IDS', 'COCO_SHAPES', 'COCO_SIZE', 'build_parser', 'main',
-    'make_coco', 'make_kitti_raw', 'make_sample_data', 'parse_args'
+    'make_coco', 'make_kitti_raw', 'make_nuscenes_raw', 'make_sample_data',
+    'parse_args'
 ]
 
 
@@ -37,10 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
         argparse.ArgumentParser: The parser.
     """
     parser = argparse.ArgumentParser(
-        description='Writes a small, deterministic COCO set (OUT/coco) and '
+        description='Writes a small, deterministic COCO set (OUT/coco), '
         'KITTI set (OUT/kitti, with the infos and gt database of mmdet3d\'s '
-        'create_data.py) for the tests and demos; the sample configs read '
-        '--out data/sample. Everything follows from --seed.')
+        'create_data.py) and nuScenes set (OUT/nuscenes: key frames with '
+        'sweeps, 1.x infos, gt database) for the tests and demos; the '
+        'sample configs read --out data/sample. Everything follows from '
+        '--seed.')
     parser.add_argument(
         '--out',
         type=Path,
@@ -69,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
         help='KITTI train frames; val and test get half each, '
         'rounded up (default: %(default)s)')
     parser.add_argument(
+        '--nuscenes-frames',
+        type=int,
+        default=4,
+        help='nuScenes train key frames, each with 10 sweeps; val gets '
+        'half, rounded up (default: %(default)s)')
+    parser.add_argument(
         '--seed',
         type=int,
         default=0,
@@ -80,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         help='leave a set alone when all its files exist '
         '(COCO: made with the same images, size and seed); '
-        '--no-skip-existing writes both again')
+        '--no-skip-existing writes them all again')
     return parser
 
 
@@ -103,12 +114,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, str]:
         argv (Sequence[str], optional): Arguments; ``sys.argv[1:]`` if None.
 
     Returns:
-        dict[str, str]: Paths of the ``coco`` and ``kitti`` folders.
+        dict[str, str]: Paths of the ``coco``, ``kitti`` and ``nuscenes``
+        folders.
     """
     args = parse_args(argv)
     out = make_sample_data(args.out, args.coco_images, args.kitti_frames,
-                           args.seed, args.skip_existing, args.coco_size)
-    return {'coco': str(out / 'coco'), 'kitti': str(out / 'kitti')}
+                           args.seed, args.skip_existing, args.coco_size,
+                           args.nuscenes_frames)
+    return {name: str(out / name) for name in ('coco', 'kitti', 'nuscenes')}
 
 
 if __name__ == '__main__':

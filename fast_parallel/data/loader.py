@@ -21,6 +21,7 @@ from fast_parallel.compat import (check_dataloader_internals,
                                   fast_iterator_classes)
 from fast_parallel.data.collate import (PackedCollate, is_packed_collate,
                                         reporting_worker_states)
+from fast_parallel.data.worker_exit import exit_with_parent
 
 # torch's iterators without the per-batch profiler scope (the seam builds
 # them from torch's private classes, checked on torch 2.13.0).
@@ -91,7 +92,8 @@ def prepare_loader(loader: DataLoader,
                    pin: bool,
                    worker_states: bool = False) -> None:
     """Puts the fast data path into a DataLoader whose iterator has not
-    started: packed collate, :class:`FastDataLoader`, pinned memory.
+    started: packed collate, :class:`FastDataLoader`, pinned memory, workers
+    that end with the trainer (:mod:`fast_parallel.data.worker_exit`).
 
     Args:
         loader (DataLoader): The DataLoader, changed in place.
@@ -105,6 +107,8 @@ def prepare_loader(loader: DataLoader,
     elif not is_packed_collate(loader.collate_fn):
         loader.collate_fn = PackedCollate(loader.collate_fn)
     make_fast(loader)
+    if loader.num_workers > 0:
+        loader.worker_init_fn = exit_with_parent(loader.worker_init_fn)
     if pin and torch.cuda.is_available() and not loader.pin_memory:
         loader.pin_memory = True
     if loader.pin_memory and not accelerator_available():

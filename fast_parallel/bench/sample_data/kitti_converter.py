@@ -1,4 +1,5 @@
-"""Runs mmdet3d's own KITTI converter on the sample KITTI set.
+"""Runs mmdet3d's own ``create_data.py`` on the sample KITTI and nuScenes
+sets (KITTI: the converter; nuScenes: the gt database).
 
 Why it runs in a child process with a no-op ``sleep``:
 ``docs/sample_data.md``.
@@ -38,35 +39,67 @@ def mmdet3d_create_data_script() -> Path:
 def run_kitti_converter(root: Path) -> None:
     """Runs mmdet3d's ``create_data.py kitti --with-plane`` on ``root``.
 
-    The script imports ``tools.dataset_converters``, so it runs with its
-    ``.mim`` folder as working directory and first on ``PYTHONPATH``, in a
-    child process of this Python. Its log goes to ``root/create_data.log``.
-
     Args:
         root (Path): The KITTI folder.
 
     Raises:
         RuntimeError: If the converter fails.
     """
+    run_create_data(root, [
+        'kitti', '--root-path',
+        str(root), '--out-dir',
+        str(root), '--extra-tag', 'kitti', '--with-plane'
+    ])
+
+
+def run_nuscenes_gt_database(root: Path) -> None:
+    """Runs mmdet3d's ``create_data.py nuscenes --only-gt-database``.
+
+    It reads ``nuscenes_infos_train.pkl`` and writes
+    ``nuscenes_gt_database/`` and ``nuscenes_dbinfos_train.pkl``.
+
+    Args:
+        root (Path): The nuScenes folder.
+
+    Raises:
+        RuntimeError: If it fails.
+    """
+    run_create_data(root, [
+        'nuscenes', '--root-path',
+        str(root), '--out-dir',
+        str(root), '--extra-tag', 'nuscenes', '--only-gt-database'
+    ])
+
+
+def run_create_data(root: Path, args: list) -> None:
+    """Runs mmdet3d's ``create_data.py`` with ``args``; log in ``root``.
+
+    The script imports ``tools.dataset_converters``, so it runs with its
+    ``.mim`` folder as working directory and first on ``PYTHONPATH``, in a
+    child process of this Python. Its log goes to ``root/create_data.log``.
+
+    Args:
+        root (Path): The data folder.
+        args (list[str]): The script's arguments.
+
+    Raises:
+        RuntimeError: If the script fails.
+    """
     script = mmdet3d_create_data_script()
     mim = script.parent.parent
     env = dict(os.environ)
     env['PYTHONPATH'] = os.pathsep.join(
         [str(mim)] + [p for p in [env.get('PYTHONPATH')] if p])
-    args = [
-        str(script), 'kitti', '--root-path',
-        str(root), '--out-dir',
-        str(root), '--extra-tag', 'kitti', '--with-plane'
-    ]
     log = root / 'create_data.log'
     with open(log, 'w') as f:
         done = subprocess.run(
-            [sys.executable, '-c', _CONVERTER_DRIVER] + args,
+            [sys.executable, '-c', _CONVERTER_DRIVER,
+             str(script), *args],
             cwd=str(mim),
             env=env,
             stdout=f,
             stderr=subprocess.STDOUT)
     if done.returncode != 0:
         tail = log.read_text()[-3000:]
-        raise RuntimeError(f'create_data.py {" ".join(args[1:])} failed '
+        raise RuntimeError(f'create_data.py {" ".join(args)} failed '
                            f'({done.returncode}):\n{tail}')

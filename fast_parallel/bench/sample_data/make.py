@@ -13,7 +13,9 @@ from fast_parallel.bench.sample_data.coco import (COCO_SIZE, coco_is,
 from fast_parallel.bench.sample_data.common import all_exist
 from fast_parallel.bench.sample_data.kitti import make_kitti_raw
 from fast_parallel.bench.sample_data.kitti_converter import (
-    KITTI_OUTPUTS, run_kitti_converter)
+    KITTI_OUTPUTS, run_kitti_converter, run_nuscenes_gt_database)
+from fast_parallel.bench.sample_data.nuscenes import (NUSCENES_OUTPUTS,
+                                                      make_nuscenes_raw)
 
 
 @contextlib.contextmanager
@@ -37,8 +39,10 @@ def make_sample_data(out: Path,
                      kitti_frames: int = 6,
                      seed: int = 0,
                      skip_existing: bool = True,
-                     coco_size: Tuple[int, int] = COCO_SIZE) -> Path:
-    """Writes ``out/coco`` and ``out/kitti``; see ``docs/sample_data.md``.
+                     coco_size: Tuple[int, int] = COCO_SIZE,
+                     nuscenes_frames: int = 4) -> Path:
+    """Writes ``out/coco``, ``out/kitti`` and ``out/nuscenes``; see
+    ``docs/sample_data.md``.
 
     Args:
         out (Path): Output folder.
@@ -52,17 +56,21 @@ def make_sample_data(out: Path,
             True.
         coco_size (tuple[int, int]): Least and largest COCO image side.
             Defaults to ``COCO_SIZE`` (128, 160).
+        nuscenes_frames (int): nuScenes train key frames (each with 10
+            sweeps); val gets ``ceil(n / 2)``. Defaults to 4.
 
     Returns:
         Path: ``out``, absolute.
 
     Raises:
-        ValueError: If ``coco_images`` or ``kitti_frames`` is below 1.
+        ValueError: If ``coco_images``, ``kitti_frames`` or
+            ``nuscenes_frames`` is below 1.
     """
-    if coco_images < 1 or kitti_frames < 1:
-        raise ValueError('need at least one COCO image and one KITTI frame')
+    if coco_images < 1 or kitti_frames < 1 or nuscenes_frames < 1:
+        raise ValueError('need at least one COCO image, one KITTI frame and '
+                         'one nuScenes frame')
     out = Path(out).resolve()
-    coco, kitti = out / 'coco', out / 'kitti'
+    coco, kitti, nuscenes = out / 'coco', out / 'kitti', out / 'nuscenes'
     made_with = coco_made_with(coco_images, tuple(coco_size), seed)
     if skip_existing and coco_is(coco, made_with):
         print(f'{coco}: already there, skipped')
@@ -81,4 +89,15 @@ def make_sample_data(out: Path,
         with _progress('KITTI infos and gt database (mmdet3d create_data.py '
                        f'kitti --with-plane; log: {kitti}/create_data.log)'):
             run_kitti_converter(kitti)
+    if skip_existing and all_exist(nuscenes, NUSCENES_OUTPUTS):
+        print(f'{nuscenes}: already there, skipped')
+    else:
+        val = math.ceil(nuscenes_frames / 2)
+        with _progress(f'nuScenes {nuscenes_frames} train + {val} val key '
+                       f'frames with sweeps, in {nuscenes}'):
+            make_nuscenes_raw(nuscenes, nuscenes_frames, val, seed)
+        with _progress('nuScenes gt database (mmdet3d create_data.py '
+                       'nuscenes --only-gt-database; log: '
+                       f'{nuscenes}/create_data.log)'):
+            run_nuscenes_gt_database(nuscenes)
     return out
