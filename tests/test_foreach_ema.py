@@ -299,15 +299,67 @@ def test_what_is_left_stock():
     own = ExponentialMovingAverage(small)
     own.avg_func = lambda *args: None
     assert 'its own avg_func' in fuse_ema(own)
-    tied = ExponentialMovingAverage(small, update_buffers=True)
-    assert 'share memory' in fuse_ema(tied)
-    assert type(tied) is ExponentialMovingAverage
+    # a view of part of another averaged tensor: stock's sequence of
+    # updates through both is not reproduced
+    viewed = ExponentialMovingAverage(small, update_buffers=True)
+    viewed.avg_parameters['bn.bias'] = viewed.avg_parameters['bn.weight'][1:]
+    assert 'overlap in part' in fuse_ema(viewed)
+    assert type(viewed) is ExponentialMovingAverage
     assert 'not a BaseAveragedModel' in fuse_ema(nn.Linear(2, 2))
     # named_parameters() lists a tied weight once: that one fuses
     untied = ExponentialMovingAverage(small, update_buffers=False)
     assert fuse_ema(untied) == (
         'EMA (ExponentialMovingAverage): 5 tensors in 1 multi-tensor '
         'update, 3 buffers in 2 multi-tensor copies')
+
+
+@pytest.fixture(scope='module')
+def rtmdet() -> nn.Module:
+    """mmdet's RTMDet-tiny model: its SepBN head shares each conv across
+    the three levels (``share_conv=True``)."""
+    from mmdet.registry import MODELS
+    from mmdet.utils import register_all_modules
+    from mmengine.hub import get_config
+    from mmengine.registry import DefaultScope
+    register_all_modules()
+    cfg = get_config('mmdet::rtmdet/rtmdet_tiny_8xb32-300e_coco.py')
+    cfg.model.backbone.init_cfg = None
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        model = MODELS.build(cfg.model)
+    model.init_weights()
+    return model
+
+
+@pytest.mark.parametrize('update_buffers', [True, False])
+@pytest.mark.parametrize('case', list(CASES))
+def test_tied_weights_update_in_stock_order(rtmdet, case, update_buffers):
+    """A tensor under several names is updated once per name, as stock
+    does: one round per repeat, every update bitwise stock's."""
+    cls, kwargs = resolve(case)
+    model = copy.deepcopy(rtmdet)
+    names = model.state_dict() if update_buffers else dict(
+        model.named_parameters())
+    unique = {t.data_ptr() for t in names.values()}
+    stock, fused, summary = pair(
+        cls, model, update_buffers=update_buffers, **kwargs)
+    if update_buffers:  # the state dict names each shared conv 3 times
+        assert len(unique) < len(names)
+        assert 'names of tied tensors in 2 more rounds' in summary, summary
+    else:  # named_parameters() names a shared parameter once
+        assert len(unique) == len(names)
+        assert 'tied' not in summary, summary
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(UPDATES):
+        train_a_bit(model, gen)
+        stock.update_parameters(model)
+        fused.update_parameters(model)
+        assert_bitwise_equal(stock, fused)
+    source = model.state_dict()
+    moved = [
+        k for k, v in stock.module.state_dict().items()
+        if v.is_floating_point() and not torch.equal(v, source[k])
+    ]
+    assert moved  # the average moved away from the model
 
 
 def test_fuse_is_idempotent_reversible_and_pickles(monkeypatch):

@@ -13,9 +13,18 @@ from mmengine.hub import get_config
 from mmengine.structures import InstanceData
 
 from fast_parallel.bench.opcount import OpCounter
-from fast_parallel.step.targets import anchor3d
-from fast_parallel.step.targets.anchor3d import (anchor3d_supported,
-                                                 anchor_target_3d_batched)
+from fast_parallel.step.targets.anchor3d import targets as anchor3d
+from fast_parallel.step.targets.anchor3d.targets import anchor3d_supported
+from fast_parallel.step.targets.max_iou.assign import assign_batch
+from fast_parallel.step.targets.stock_way import StockWay
+
+
+def anchor_target_3d_batched(*args, **kwargs):
+    """The batched targets and how many samples went the stock way."""
+    way = StockWay()
+    out = anchor3d.anchor_target_3d_batched(*args, stock_way=way, **kwargs)
+    return out, way.samples
+
 
 CAR = 'mmdet3d::pointpillars/pointpillars_hv_secfpn_8xb6-160e_kitti-3d-car.py'
 THREE = ('mmdet3d::pointpillars/'
@@ -299,7 +308,7 @@ def test_ties_resolve_like_stock(seed):
                     dict(neg_iou_thr=(0.25, 0.5))):
         assigner = TASK_UTILS.build(
             dict(_config(CAR).model.train_cfg.assigner, **changes))
-        got = anchor3d._assign(assigner, overlaps, valid)
+        got, _ = assign_batch(assigner, overlaps, valid)
         for i, n in enumerate(counts):
             if n == 0:
                 assert (got[i] == 0).all()

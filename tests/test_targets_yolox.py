@@ -20,10 +20,22 @@ from mmengine.structures import InstanceData
 
 from fast_parallel.bench.opcount import OpCounter
 from fast_parallel.step.targets import cpu_paths
-from fast_parallel.step.targets.yolox import (assign_batch, prior_scores,
-                                              yolox_supported, yolox_targets)
+from fast_parallel.step.targets.stock_way import StockWay
+from fast_parallel.step.targets.yolox import targets as yolox
+from fast_parallel.step.targets.yolox.targets import (assign_batch,
+                                                      prior_scores,
+                                                      yolox_supported)
 
 register_all_modules()
+
+
+def yolox_targets(*args, **kwargs):
+    """The batched targets and how many images went the stock way."""
+    way = StockWay()
+    out = yolox.yolox_targets(*args, stock_way=way, **kwargs)
+    return out, way.samples
+
+
 DEVICES = [
     'cpu',
     pytest.param(

@@ -119,10 +119,13 @@ def train_section(args: argparse.Namespace,
     Returns:
         dict: :func:`~fast_parallel.bench.train_time.run_arms`.
     """
-    from fast_parallel.bench.presets import PRESETS, data_options
+    from fast_parallel.bench.presets import PRESETS, preset_options
     from fast_parallel.bench.train_time import run_arms
-    config, kind = PRESETS[args.train_preset]
-    options = data_options(kind, data) + [
+    config = PRESETS[args.train_preset].config
+    if '::' in config:
+        raise ValueError(f'--train runs repository configs; '
+                         f'{args.train_preset} is {config}')
+    options = preset_options(args.train_preset, data) + [
         f'{k}={v}' for k, v in (args.cfg_options or {}).items()
     ]
     total = len(args.arms) * args.repeats

@@ -133,8 +133,12 @@ class _CountStart(Hook):
             if isinstance(stats, TargetStats):
                 stats.observer = self._targets
             elif covered is not None:
-                setattr(head, covered.stock_method,
-                        self._observed(getattr(head, covered.stock_method)))
+                for dotted in covered.stock_targets:
+                    *path, name = dotted.split('.')
+                    owner = head
+                    for part in path:
+                        owner = getattr(owner, part)
+                    setattr(owner, name, self._observed(getattr(owner, name)))
 
     def _observed(self, method: Callable) -> Callable:
 

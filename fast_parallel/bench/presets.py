@@ -1,52 +1,106 @@
 """The configs the benchmarks run, and their data.
 
-Each preset is a config of this repository plus the kind of data it reads
-(``coco`` or ``kitti``), which :func:`data_options` points at a folder made by
-``tools/make_sample_data.py``.
+A preset is a config, the kind of data it reads (which :func:`data_options`
+points at a folder made by ``tools/make_sample_data.py``) and a few
+overrides for a CPU machine without network. A repository config is on the
+fast path already; an upstream one (``mmdet::...``, ``mmdet3d::...``) gets
+the two config lines a user adds (``custom_imports`` and
+``FastParallelHook``), nothing else of the fast path.
 """
+import ast
 import os.path as osp
 from pathlib import Path
-from typing import Dict, List, Union
+from typing import Any, Dict, List, NamedTuple, Tuple, Union
 
 from mmengine.config import Config
 
-#: The repository root (configs are relative to it).
+#: The repository root (repository configs are relative to it).
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-#: name -> (config path relative to the repository root, data kind).
-PRESETS: Dict[str, tuple] = {
-    'yolox_s': ('configs/yolox/yolox_s_fast_8xb8-300e_coco.py', 'coco'),
+
+class Preset(NamedTuple):
+    """A config of the benchmarks."""
+    #: A path relative to the repository, or ``mmdet::`` / ``mmdet3d::``.
+    config: str
+    #: 'yolox', 'mmdet', 'kitti' or 'nuscenes' (see :func:`data_options`).
+    data: str
+    #: ``--cfg-options`` strings (values as the tools parse them).
+    options: Tuple[str, ...] = ()
+
+
+#: No pretrained weights to download, two workers.
+_OFFLINE = ('model.backbone.init_cfg=None', 'train_dataloader.num_workers=2')
+#: Batch 8 at 640 px, the size the counts are for.
+_MMDET_640 = _OFFLINE + ('train_dataloader.batch_size=8',
+                         'train_dataloader.dataset.pipeline.2.scale=(640,640)')
+
+PRESETS: Dict[str, Preset] = {
+    'yolox_s':
+    Preset('configs/yolox/yolox_s_fast_8xb8-300e_coco.py', 'yolox'),
     'pointpillars':
-    ('configs/pointpillars/'
-     'pointpillars_hv_secfpn_fast_8xb6-160e_kitti-3d-car.py', 'kitti'),
-    'yolox_tiny_sample': ('configs/yolox/yolox_tiny_fast_sample.py', 'coco'),
-    'pointpillars_sample': ('configs/pointpillars/'
-                            'pointpillars_hv_secfpn_fast_sample.py', 'kitti'),
+    Preset(
+        'configs/pointpillars/'
+        'pointpillars_hv_secfpn_fast_8xb6-160e_kitti-3d-car.py', 'kitti'),
+    'yolox_tiny_sample':
+    Preset('configs/yolox/yolox_tiny_fast_sample.py', 'yolox'),
+    'pointpillars_sample':
+    Preset('configs/pointpillars/pointpillars_hv_secfpn_fast_sample.py',
+           'kitti'),
+    'rtmdet_tiny':
+    Preset('mmdet::rtmdet/rtmdet_tiny_8xb32-300e_coco.py', 'mmdet',
+           _OFFLINE + ('train_dataloader.batch_size=8', )),
+    'retinanet_r50':
+    Preset('mmdet::retinanet/retinanet_r50_fpn_1x_coco.py', 'mmdet',
+           _MMDET_640),
+    'faster_rcnn_r50':
+    Preset('mmdet::faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py', 'mmdet',
+           _MMDET_640),
+    'mask_rcnn_r50':
+    Preset('mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', 'mmdet',
+           _MMDET_640),
+    'centerpoint_pillar':
+    Preset(
+        'mmdet3d::centerpoint/'
+        'centerpoint_pillar02_second_secfpn_8xb4-cyclic-20e_nus-3d.py',
+        'nuscenes', ('train_dataloader.num_workers=2', )),
 }
 
 
 def data_options(kind: str, root: Union[str, Path]) -> List[str]:
     """``--cfg-options`` pointing a config's data at ``root``.
 
-    Works for the YOLOX configs (``MultiImageMixDataset`` around a
-    ``CocoDataset``) and the PointPillars configs (``RepeatDataset`` around a
-    ``KittiDataset``, ``ObjectSample`` third in the train pipeline).
-
     Args:
-        kind (str): 'yolox' / 'coco' or 'pointpillars' / 'kitti'.
-        root (str | Path): Folder holding ``coco/`` and ``kitti/``.
+        kind (str): 'yolox' (also 'coco': a ``MultiImageMixDataset`` around
+            a ``CocoDataset``), 'mmdet' (a ``CocoDataset``), 'pointpillars'
+            / 'kitti' (a ``RepeatDataset`` around a ``KittiDataset``,
+            ``ObjectSample`` third in the train pipeline) or 'nuscenes' (a
+            ``CBGSDataset`` around a ``NuScenesDataset``, ``ObjectSample``
+            fourth, as in mmdet3d's CenterPoint configs).
+        root (str | Path): Folder holding ``coco/``, ``kitti/`` and
+            ``nuscenes/``.
 
     Returns:
         list[str]: ``key=value`` strings for the tools.
     """
-    if kind in ('yolox', 'coco'):
+    if kind in ('yolox', 'coco', 'mmdet'):
         coco = f'{root}/coco/'
         ann = f'{coco}annotations/instances_val2017.json'
+        train = 'train_dataloader.dataset' + ('' if kind == 'mmdet' else
+                                              '.dataset')
         return [
-            f'train_dataloader.dataset.dataset.data_root={coco}',
+            f'{train}.data_root={coco}',
             f'val_dataloader.dataset.data_root={coco}',
             f'test_dataloader.dataset.data_root={coco}',
             f'val_evaluator.ann_file={ann}', f'test_evaluator.ann_file={ann}'
+        ]
+    if kind == 'nuscenes':
+        nus = f'{root}/nuscenes/'
+        train = 'train_dataloader.dataset.dataset'
+        sampler = f'{train}.pipeline.3.db_sampler'
+        return [
+            f'{train}.data_root={nus}', f'{sampler}.data_root={nus}',
+            f'{sampler}.info_path={nus}nuscenes_dbinfos_train.pkl',
+            f'{sampler}.type=DataBaseSamplerNp124'
         ]
     if kind not in ('pointpillars', 'kitti'):
         raise ValueError(f'no data options for {kind!r}')
@@ -63,22 +117,72 @@ def data_options(kind: str, root: Union[str, Path]) -> List[str]:
     ]
 
 
+def preset_options(name: str, data: Union[str, Path]) -> List[str]:
+    """Every ``--cfg-options`` string of a preset: its data, then its own.
+
+    Args:
+        name (str): A key of :data:`PRESETS`.
+        data (str | Path): The data folder.
+
+    Returns:
+        list[str]: ``key=value`` strings.
+    """
+    preset = PRESETS[name]
+    return data_options(preset.data, data) + list(preset.options)
+
+
+def _value(text: str) -> Any:
+    """A ``--cfg-options`` value: a Python literal, else the string."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def with_fast_lines(cfg: Config) -> Config:
+    """The two config lines of the README, added to ``cfg`` in place.
+
+    Args:
+        cfg (Config): An upstream config.
+
+    Returns:
+        Config: ``cfg``, importing ``fast_parallel`` (and the fixed database
+        sampler some mmdet3d recipes need on numpy 1.24 .. 1.26) and with a
+        ``FastParallelHook`` after its own custom hooks.
+    """
+    imports = ['fast_parallel']
+    if 'mmdet3d' in str(cfg.get('default_scope', '')):
+        imports.append('fast_parallel.contrib.db_sampler')
+    cfg.custom_imports = dict(imports=imports, allow_failed_imports=False)
+    cfg.custom_hooks = list(cfg.get('custom_hooks', None)
+                            or []) + [dict(type='FastParallelHook')]
+    return cfg
+
+
 def load_preset(name: str, data: Union[str, Path]) -> Config:
     """A preset's config, reading its data from ``data``.
 
     Args:
         name (str): A key of :data:`PRESETS`.
-        data (str | Path): Folder holding ``coco/`` and ``kitti/``.
+        data (str | Path): Folder holding ``coco/``, ``kitti/`` and
+            ``nuscenes/``.
 
     Returns:
-        Config: The config (still on the fast path, as in the file).
+        Config: The config on the fast path.
     """
     if name not in PRESETS:
         raise ValueError(f'unknown preset {name!r}; one of {list(PRESETS)}')
-    path, kind = PRESETS[name]
-    cfg = Config.fromfile(osp.join(ROOT, path))
-    cfg.merge_from_dict(
-        dict(option.split('=', 1) for option in data_options(kind, data)))
+    preset = PRESETS[name]
+    if '::' in preset.config:
+        from mmengine.hub import get_config
+        cfg = with_fast_lines(get_config(preset.config))
+    else:
+        cfg = Config.fromfile(osp.join(ROOT, preset.config))
+    cfg.merge_from_dict({
+        key: _value(value)
+        for key, value in (option.split('=', 1)
+                           for option in preset_options(name, data))
+    })
     return without_accuracy_check(cfg)
 
 

@@ -10,7 +10,7 @@ fill it (64 KiB on Linux) and no one reads any more, the feeder blocks in
 ends as soon as its parent does: the kernel kills it (Linux
 ``PR_SET_PDEATHSIG``) where the worker was forked by the parent's main thread
 (the signal follows the forking *thread*), else a daemon thread polls the
-parent and ends the worker with ``os._exit``. Nothing random is drawn and the
+parent and SIGKILLs the worker itself. Nothing random is drawn and the
 loader's own ``worker_init_fn`` runs as before, so batches stay stock's.
 Details: ``docs/reliability.md``.
 """
@@ -44,12 +44,18 @@ def _set_parent_death_signal() -> bool:
         return False
 
 
+def _end_now() -> None:
+    """Ends this worker at once: no exit handlers, no thread joins (the
+    feeder thread of a full pipe would block them)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _poll_parent(parent: int) -> None:
     """Ends this process once ``parent`` is no longer its parent."""
     event = threading.Event()
     while os.getppid() == parent:
         event.wait(POLL_SECONDS)
-    os._exit(1)
+    _end_now()
 
 
 class ExitWithParent:
@@ -85,7 +91,7 @@ class ExitWithParent:
                 name='fast_parallel-parent-watch',
                 daemon=True).start()
         if os.getppid() != parent:  # the parent died before the signal was set
-            os._exit(1)
+            _end_now()
         if self.init_fn is not None:
             self.init_fn(worker_id)
 

@@ -124,6 +124,38 @@ def _foreach_copy(dst: Iterable[Tensor], src: Iterable[Tensor]) -> None:
         foreach_copy_(dsts, srcs)
 
 
+def _identity(tensor: Tensor) -> tuple:
+    """What makes two tensors the same tensor: memory, dtype and layout."""
+    return (tensor.device, tensor.data_ptr(), tensor.dtype,
+            tuple(tensor.shape), tuple(tensor.stride()))
+
+
+def _rounds(pairs: Iterable[Tuple[Tensor, Tensor]]) -> List[list]:
+    """``(avg, src)`` pairs in rounds with no tensor twice in a round.
+
+    Round ``r`` holds the ``r``-th name of every averaged tensor that has
+    one, in stock's order of names. A tensor's updates thus run in stock's
+    order (distinct tensors never read each other), and a foreach call never
+    gets one tensor twice.
+
+    Args:
+        pairs (Iterable[tuple]): ``(averaged, source)`` per name, in order.
+
+    Returns:
+        list[list[tuple]]: The rounds; one for a model without tied tensors.
+    """
+    seen: Dict[tuple, int] = {}
+    rounds: List[list] = []
+    for avg, src in pairs:
+        key = _identity(avg)
+        index = seen.get(key, 0)
+        seen[key] = index + 1
+        if index == len(rounds):
+            rounds.append([])
+        rounds[index].append((avg, src))
+    return rounds
+
+
 class _ForeachAveraging:
     """Overrides ``BaseAveragedModel.update_parameters`` with foreach ops.
 
@@ -137,6 +169,10 @@ class _ForeachAveraging:
     def update_parameters(self, model: nn.Module) -> None:
         """Stock ``update_parameters``, one foreach call per op and group.
 
+        A tensor that several names share (tied weights) is updated once
+        per name, as stock does, in rounds: every tensor's first name, then
+        the second names of the shared ones, and so on (:func:`_rounds`).
+
         Args:
             model (nn.Module): The model whose parameters are averaged.
         """
@@ -145,18 +181,21 @@ class _ForeachAveraging:
             if self.update_buffers else dict(model.named_parameters()))
         steps = int(self.steps)  # stock compares the tensor twice per call
         if steps == 0:
-            _foreach_copy((p.data for p in self.avg_parameters.values()),
-                          (src[k].data for k in self.avg_parameters))
+            copies = ((p.data, src[k].data)
+                      for k, p in self.avg_parameters.items())
+            for pairs in _rounds(copies):
+                _foreach_copy(*zip(*pairs))
         elif steps % self.interval == 0:
-            floats = [(p.data, src[k].data.to(p.device))
+            floats = ((p.data, src[k].data.to(p.device))
                       for k, p in self.avg_parameters.items()
-                      if p.dtype.is_floating_point]
-            for avg, source in _grouped(*zip(*floats)):
-                if avg[0].dtype in FOREACH_DTYPES:
-                    self._average(self, avg, source, steps)
-                else:  # stock's own avg_func, tensor by tensor
-                    for a, s in zip(avg, source):
-                        self.avg_func(a, s, self.steps)
+                      if p.dtype.is_floating_point)
+            for pairs in _rounds(floats):
+                for avg, source in _grouped(*zip(*pairs)):
+                    if avg[0].dtype in FOREACH_DTYPES:
+                        self._average(self, avg, source, steps)
+                    else:  # stock's own avg_func, tensor by tensor
+                        for a, s in zip(avg, source):
+                            self.avg_func(a, s, self.steps)
         if not self.update_buffers:
             # Stock keeps the buffers in sync with the source model.
             pairs = [
@@ -288,11 +327,12 @@ def _why_not(ema_model: nn.Module, stock: type) -> Optional[str]:
     own = {'avg_func', 'update_parameters'} & set(vars(ema_model))
     if own:
         return f'the instance sets its own {", ".join(sorted(own))}'
-    if _overlapping(ema_model.avg_parameters.values()) or (
-            not ema_model.update_buffers
-            and _overlapping(ema_model.module.buffers())):
-        return ('averaged tensors share memory (tied weights): stock '
-                'updates them in sequence')
+    unique = {_identity(t): t for t in ema_model.avg_parameters.values()}
+    if _overlapping(
+            unique.values()) or (not ema_model.update_buffers
+                                 and _overlapping(ema_model.module.buffers())):
+        return ('averaged tensors overlap in part (views of one another), '
+                'which stock updates in sequence')
     return None
 
 
@@ -300,7 +340,8 @@ def _overlapping(tensors: Iterable[Tensor]) -> bool:
     """Whether any two of the tensors touch the same bytes.
 
     Each tensor counts as the byte range from its first element to its
-    last (conservative for strided views).
+    last (conservative for strided views). Pass each tensor once: the
+    same tensor under two names (tied weights) is not an overlap.
     """
     spans = []
     for t in tensors:
@@ -319,10 +360,17 @@ def _summary(ema_model: BaseAveragedModel, stock: type) -> str:
         p for p in ema_model.avg_parameters.values()
         if p.dtype.is_floating_point
     ]
+    rounds = _rounds((p, p) for p in floats)
     fused = [p for p in floats if p.dtype in FOREACH_DTYPES]
-    updates = len(_grouped(fused))
+    updates = sum(
+        len(_grouped([p for p, _ in pairs if p.dtype in FOREACH_DTYPES]))
+        for pairs in rounds)
     line = (f'EMA ({stock.__name__}): {len(fused)} tensors in {updates} '
             f'multi-tensor update{"s" if updates != 1 else ""}')
+    if len(rounds) > 1:
+        tied = len(floats) - len(rounds[0])
+        line += (f' ({tied} names of tied tensors in {len(rounds) - 1} more '
+                 f'round{"s" if len(rounds) > 2 else ""}, in stock\'s order)')
     if len(fused) < len(floats):
         line += (f', {len(floats) - len(fused)} reduced-precision tensors '
                  'one by one (stock avg_func)')

@@ -26,6 +26,9 @@ GRAIN = 32768
 OPS: Dict[str, Tuple[Callable[[Tensor], Tensor], Callable]] = {
     'sigmoid': (torch.sigmoid, lambda g, n: torch.randn(n, generator=g) * 8),
     'log': (torch.log, lambda g, n: torch.rand(n, generator=g) * 4 + 1e-7),
+    # RTMDet's soft centre prior, ``torch.pow(10, distance - radius)``
+    'pow10': (lambda x: torch.pow(10, x),
+              lambda g, n: torch.rand(n, generator=g) * 13 - 3),
     # Not recomputed, only checked (require_same_paths): the BCE of SimOTA's
     # class cost against targets 0 and 1.
     'bce0': (lambda x: F.binary_cross_entropy(
@@ -34,6 +37,11 @@ OPS: Dict[str, Tuple[Callable[[Tensor], Tensor], Callable]] = {
     'bce1':
     (lambda x: F.binary_cross_entropy(x, torch.ones_like(x), reduction='none'),
      lambda g, n: torch.rand(n, generator=g)),
+    # ... and RTMDet's soft class cost, BCE with logits against soft labels
+    # (here a target in [0, 1) from the sample itself, exactly)
+    'bce_logits': (lambda x: F.binary_cross_entropy_with_logits(
+        x, (x * 0.25).frac().abs(), reduction='none'),
+                   lambda g, n: torch.randn(n, generator=g) * 6),
 }
 
 __all__ = [

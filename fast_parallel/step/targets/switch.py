@@ -1,11 +1,12 @@
 """Which heads get batched targets (:data:`COVERED`), and the switch.
 
 :func:`switch_targets` walks the model, finds the modules that compute
-training targets (a ``loss_by_feat`` or ``get_targets`` method) and gives
-each one a covered pair accepts its batched target method, on that instance
-only (nothing global changes, the state dict stays stock's). Everything else
-stays stock and is named, with the reason, in the start-of-run line. How to
-add a head: ``docs/targets.md``.
+training targets and gives each one a covered row accepts the batched methods
+of its family, on that instance only (nothing global changes, the state dict
+stays stock's). Everything else stays stock and is named, with the reason, in
+the start-of-run line. Each family is a package of this one
+(``targets/<package>/``) with ``supported(head)`` and the methods it replaces;
+how to add one: ``docs/targets.md``.
 """
 import importlib
 from types import MethodType
@@ -19,37 +20,60 @@ from fast_parallel.step.targets.stats import TargetStats
 
 
 class Covered(NamedTuple):
-    """One head/assigner pair with batched targets.
+    """One head class with batched targets, and where they live.
 
-    ``module`` names a module with ``supported(head) -> Optional[str]``
-    (None: covered exactly, else why not) and a function named ``replaces``:
-    the batched method that :func:`install` puts on the head instance in
-    place of the class's (it calls ``self.fast_target_stats.computing()``
-    around the targets and ``.add(...)`` after them). ``stock_method`` is the
-    head method stock computes the targets in (per sample or per batch),
-    which the op counter observes on a stock head.
+    ``package`` names ``fast_parallel.step.targets.<package>``, which has
+    ``supported(head) -> Optional[str]`` (None: covered exactly, else why
+    not) and one function per name in ``replaces``: the methods
+    :func:`install` puts on the head instance in place of the class's (they
+    run their targets in
+    :func:`~fast_parallel.step.targets.stock_way.batch_targets`).
+    ``stock_targets`` are the (dotted) methods a stock head computes its
+    targets in, which the op counter times as the targets phase.
     """
     head: str
     assigner: str
-    module: str
+    package: str
     unit: str
-    replaces: str
-    stock_method: str
+    replaces: Tuple[str, ...]
+    stock_targets: Tuple[str, ...]
 
 
-#: The head/assigner pairs with batched targets, by head class name.
+#: The heads with batched targets, by exact class name.
 COVERED: Tuple[Covered, ...] = (
-    Covered('YOLOXHead', 'SimOTAAssigner',
-            'fast_parallel.step.targets.yolox_loss', 'images', 'loss_by_feat',
-            YOLOX_HEAD_METHODS[0]),
-    Covered('Anchor3DHead', 'Max3DIoUAssigner',
-            'fast_parallel.step.targets.anchor3d_head', 'samples',
-            'anchor_target_3d', 'anchor_target_3d'),
+    Covered(
+        head='YOLOXHead',
+        assigner='SimOTAAssigner',
+        package='yolox',
+        unit='images',
+        replaces=('loss_by_feat', ),
+        stock_targets=(YOLOX_HEAD_METHODS[0], )),
+    Covered(
+        head='Anchor3DHead',
+        assigner='Max3DIoUAssigner',
+        package='anchor3d',
+        unit='samples',
+        replaces=('anchor_target_3d', ),
+        stock_targets=('anchor_target_3d', )),
+    *(Covered(
+        head=head,
+        assigner='DynamicSoftLabelAssigner',
+        package='rtmdet',
+        unit='images',
+        replaces=('loss_by_feat', ),
+        stock_targets=('get_targets', ))
+      for head in ('RTMDetHead', 'RTMDetSepBNHead')),
 )
 
 
+def family(covered: Covered):
+    """The package of ``covered``'s family (imported on first use)."""
+    return importlib.import_module(
+        f'fast_parallel.step.targets.{covered.package}')
+
+
 def supported(head: nn.Module, covered: Covered) -> Optional[str]:
-    """None when ``covered``'s batched method is exact for ``head``.
+    """None when ``covered``'s batched methods are exact for ``head``.
 
     Args:
         head (nn.Module): A head of class ``covered.head``.
@@ -58,14 +82,15 @@ def supported(head: nn.Module, covered: Covered) -> Optional[str]:
     Returns:
         Optional[str]: None, or why the head stays stock (for the log).
     """
-    why = importlib.import_module(covered.module).supported(head)
-    if why is None and covered.replaces in vars(head):
-        why = f'{covered.replaces} replaced on the instance'
+    why = family(covered).supported(head)
+    replaced = [name for name in covered.replaces if name in vars(head)]
+    if why is None and replaced:
+        why = f'{", ".join(replaced)} replaced on the instance'
     return why
 
 
 def install(head: nn.Module, covered: Covered) -> TargetStats:
-    """Puts ``covered``'s batched method on this one head instance.
+    """Puts ``covered``'s batched methods on this one head instance.
 
     Args:
         head (nn.Module): A head :func:`supported` accepted.
@@ -75,9 +100,10 @@ def install(head: nn.Module, covered: Covered) -> TargetStats:
         TargetStats: The head's counter (also ``head.fast_target_stats``).
     """
     stats = TargetStats(f'{covered.head}/{covered.assigner}', covered.unit)
-    method = getattr(importlib.import_module(covered.module), covered.replaces)
+    module = family(covered)
     head.fast_target_stats = stats
-    setattr(head, covered.replaces, MethodType(method, head))
+    for name in covered.replaces:
+        setattr(head, name, MethodType(getattr(module, name), head))
     return stats
 
 

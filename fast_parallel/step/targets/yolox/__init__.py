@@ -3,8 +3,8 @@
 :func:`~fast_parallel.step.targets.switch.install` puts
 :func:`loss_by_feat` on one head instance in place of the class's: mmdet
 3.3.0's body, line for line, except that the targets come from
-:func:`~fast_parallel.step.targets.yolox.yolox_targets` (one pass for all
-images, equal to ``_get_targets_single`` bit for bit) and that, outside
+:func:`~fast_parallel.step.targets.yolox.targets.yolox_targets` (one pass
+for all images, equal to ``_get_targets_single`` bit for bit) and that, outside
 distributed training, the positive count is decided on the host, where the
 targets already put it (stock compares a tensor with ``1.0`` and ``0``: two
 or three device syncs that decide the same thing).
@@ -16,7 +16,9 @@ from mmdet.utils import reduce_mean
 from torch import Tensor
 
 from fast_parallel.compat import yolox_bbox_decode
-from fast_parallel.step.targets.yolox import yolox_supported, yolox_targets
+from fast_parallel.step.targets.stock_way import batch_targets
+from fast_parallel.step.targets.yolox.targets import (yolox_supported,
+                                                      yolox_targets)
 
 #: None when :func:`loss_by_feat` is exact for a head, else why not.
 supported = yolox_supported
@@ -81,13 +83,11 @@ def loss_by_feat(
     flatten_bboxes = yolox_bbox_decode(self)(flatten_priors,
                                              flatten_bbox_preds)
 
-    stats = self.fast_target_stats
-    with stats.computing():
-        targets, stock = yolox_targets(self, flatten_priors, flatten_cls_preds,
-                                       flatten_bboxes, flatten_objectness,
-                                       batch_gt_instances, batch_img_metas,
-                                       batch_gt_instances_ignore)
-    stats.add(num_imgs, stock)
+    with batch_targets(self, num_imgs) as stock_way:
+        targets = yolox_targets(self, flatten_priors, flatten_cls_preds,
+                                flatten_bboxes, flatten_objectness,
+                                batch_gt_instances, batch_img_metas,
+                                batch_gt_instances_ignore, stock_way)
     (pos_masks, cls_targets, obj_targets, bbox_targets, l1_targets,
      num_fg_imgs) = targets
 

@@ -9,28 +9,18 @@ implementation-defined choice (a tie at a top-k boundary or in a min) is
 computed by stock's own method and counted. Why each step is exact:
 ``docs/targets_yolox.md``.
 """
-import importlib
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from fast_parallel.compat import YOLOX_HEAD_METHODS, yolox_targets_single
-from fast_parallel.step.targets import cpu_paths, simota
+from fast_parallel.compat.targets import upstream
+from fast_parallel.step.targets import cpu_paths
+from fast_parallel.step.targets.padding import pad_gts
+from fast_parallel.step.targets.stock_way import StockWay
+from fast_parallel.step.targets.yolox import simota
 
-#: The mmdet names used here, checked on mmdet 3.3.0; (module, name), or an
-#: attribute name for the private method of the head.
-_MMDET = {
-    'YOLOXHead': ('mmdet.models.dense_heads', 'YOLOXHead'),
-    'SimOTAAssigner':
-    ('mmdet.models.task_modules.assigners', 'SimOTAAssigner'),
-    'BboxOverlaps2D': ('mmdet.models.task_modules', 'BboxOverlaps2D'),
-    'PseudoSampler': ('mmdet.models.task_modules', 'PseudoSampler'),
-    'INF': ('mmdet.models.task_modules.assigners.sim_ota_assigner', 'INF'),
-    'EPS': ('mmdet.models.task_modules.assigners.sim_ota_assigner', 'EPS'),
-    'bbox_xyxy_to_cxcywh': ('mmdet.structures.bbox', 'bbox_xyxy_to_cxcywh'),
-}
-_CHECKED_ON = {'mmdet': '3.3.0'}
 #: ``YOLOXHead._get_l1_target``'s default ``eps``, which is reproduced here.
 _L1_EPS = 1e-8
 #: Methods an instance must not override to be covered.
@@ -39,12 +29,6 @@ _ASSIGNER_METHODS = ('assign', 'get_in_gt_and_in_center_info',
                      'dynamic_k_matching')
 
 __all__ = ['assign_batch', 'prior_scores', 'yolox_supported', 'yolox_targets']
-
-
-def _mmdet(key: str) -> Any:
-    """An mmdet class, function or constant of :data:`_MMDET`, by key."""
-    module, name = _MMDET[key]
-    return getattr(importlib.import_module(module), name)
 
 
 def _stock_single(head: Any) -> Any:
@@ -61,17 +45,17 @@ def yolox_supported(head: Any) -> Optional[str]:
     Returns:
         Optional[str]: None when covered, else why not (for the log).
     """
-    if type(head) is not _mmdet('YOLOXHead'):
+    if type(head) is not upstream('YOLOXHead'):
         return f'{type(head).__name__} is not YOLOXHead'
     assigner = getattr(head, 'assigner', None)
-    if type(assigner) is not _mmdet('SimOTAAssigner'):
+    if type(assigner) is not upstream('SimOTAAssigner'):
         return f'assigner {type(assigner).__name__} is not SimOTAAssigner'
     iou = getattr(assigner, 'iou_calculator', None)
-    if type(iou) is not _mmdet('BboxOverlaps2D'):
+    if type(iou) is not upstream('BboxOverlaps2D'):
         return f'iou_calculator {type(iou).__name__} is not BboxOverlaps2D'
     if iou.scale != 1. or iou.dtype is not None:
         return 'BboxOverlaps2D with scale or dtype options'
-    if type(getattr(head, 'sampler', None)) is not _mmdet('PseudoSampler'):
+    if type(getattr(head, 'sampler', None)) is not upstream('PseudoSampler'):
         return 'sampler is not PseudoSampler'
     overridden = [m for m in _HEAD_METHODS if m in vars(head)
                   ] + [m for m in _ASSIGNER_METHODS if m in vars(assigner)]
@@ -86,16 +70,15 @@ def yolox_supported(head: Any) -> Optional[str]:
     return None
 
 
-def yolox_targets(
-    head: Any,
-    priors: Tensor,
-    cls_preds: Tensor,
-    decoded_bboxes: Tensor,
-    objectness: Tensor,
-    batch_gt_instances: Sequence[Any],
-    batch_img_metas: Sequence[dict],
-    batch_gt_instances_ignore: Optional[Sequence[Any]] = None
-) -> Tuple[tuple, int]:
+def yolox_targets(head: Any,
+                  priors: Tensor,
+                  cls_preds: Tensor,
+                  decoded_bboxes: Tensor,
+                  objectness: Tensor,
+                  batch_gt_instances: Sequence[Any],
+                  batch_img_metas: Sequence[dict],
+                  batch_gt_instances_ignore: Optional[Sequence[Any]] = None,
+                  stock_way: Optional[StockWay] = None) -> tuple:
     """Stock's ``multi_apply(head._get_targets_single, ...)``, batched.
 
     Args:
@@ -111,11 +94,13 @@ def yolox_targets(
         batch_gt_instances_ignore (Sequence, optional): Ignored boxes, which
             stock's ``SimOTAAssigner.assign`` (mmdet 3.3.0) takes and never
             reads: they change nothing, here as in stock. Defaults to None.
+        stock_way (StockWay, optional): Counts the images computed the stock
+            way. Defaults to None (a counter of its own).
 
     Returns:
-        tuple: ``((pos_masks, cls_targets, obj_targets, bbox_targets,
-        l1_targets, num_pos_per_img), fallbacks)``: six per-image lists, as
-        stock returns them, and how many images took the stock path.
+        tuple: ``(pos_masks, cls_targets, obj_targets, bbox_targets,
+        l1_targets, num_pos_per_img)``: six per-image lists, as stock returns
+        them.
     """
     num_imgs = len(batch_gt_instances)
     ignore = list(batch_gt_instances_ignore or [None] * num_imgs)
@@ -127,15 +112,12 @@ def yolox_targets(
             rows = _batched(head, *args, batch_gt_instances)
         except cpu_paths.PathModelError:
             rows = [None] * num_imgs
-    fallbacks = sum(row is None for row in rows)
     stock = _stock_single(head)
-    for i, row in enumerate(rows):
-        if row is None:
-            rows[i] = stock(priors if priors.dim() == 2 else priors[i],
-                            args[1][i], args[2][i], args[3][i],
-                            batch_gt_instances[i], batch_img_metas[i],
-                            ignore[i])
-    return tuple(map(list, zip(*rows))), fallbacks
+    (stock_way or StockWay()).fill(
+        rows, lambda i: stock(priors if priors.dim() == 2 else priors[i], args[
+            1][i], args[2][i], args[3][i], batch_gt_instances[i],
+                              batch_img_metas[i], ignore[i]))
+    return tuple(map(list, zip(*rows)))
 
 
 def _batch_reason(head: Any, priors: Tensor, cls: Tensor, boxes: Tensor,
@@ -176,31 +158,6 @@ def _batch_reason(head: Any, priors: Tensor, cls: Tensor, boxes: Tensor,
                                      and obj.is_contiguous()):
         return 'non-contiguous predictions on CPU'
     return None
-
-
-def _pad_gts(gts: Sequence[Any],
-             device: torch.device) -> Tuple[Tensor, Tensor, Tensor, List[int]]:
-    """Ground truths padded to ``(B, G)``: boxes, labels, mask, counts."""
-    counts = [int(g.bboxes.shape[0]) for g in gts]
-    num_imgs, width, total = len(gts), max(counts), sum(counts)
-    starts = [sum(counts[:i]) for i in range(num_imgs)]
-    meta = torch.tensor(
-        [i * width - s for i, s in enumerate(starts)] + counts,
-        dtype=torch.long)
-    meta = meta.to(device, non_blocking=True)  # the one host-to-device copy
-    shift, count = meta[:num_imgs], meta[num_imgs:]
-    slots = torch.arange(
-        total, device=device) + shift.repeat_interleave(
-            count, output_size=total)
-    boxes = torch.cat([g.bboxes for g in gts])
-    labels = torch.cat([g.labels for g in gts])
-    padded_boxes = boxes.new_zeros(
-        (num_imgs * width, 4)).index_copy_(0, slots,
-                                           boxes).view(num_imgs, width, 4)
-    padded_labels = labels.new_zeros(num_imgs * width).index_copy_(
-        0, slots, labels).view(num_imgs, width)
-    mask = torch.arange(width, device=device) < count.unsqueeze(1)
-    return padded_boxes, padded_labels, mask, counts
 
 
 def _min4(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tensor:
@@ -269,7 +226,8 @@ def assign_batch(
         Optional[tuple]: Padded boxes ``(B, G, 4)``, labels ``(B, G)`` and the
         :class:`simota.Assignment`; None when no image has a ground truth.
     """
-    gt, labels, gt_mask, counts = _pad_gts(gts, cls.device)
+    gt, labels, gt_mask, counts = pad_gts([g.bboxes for g in gts],
+                                          [g.labels for g in gts], cls.device)
     if gt.shape[1] == 0:
         return None
     offset = torch.cat(
@@ -278,7 +236,8 @@ def assign_batch(
     valid, in_both = _in_gt_and_center(head.assigner, offset, gt, gt_mask)
     ious = head.assigner.iou_calculator(boxes, gt)
     found = simota.assign(head.assigner, scores, valid, in_both, ious, labels,
-                          gt_mask, counts, _mmdet('INF'), _mmdet('EPS'))
+                          gt_mask, counts, upstream('SimOTA.INF'),
+                          upstream('SimOTA.EPS'))
     return gt, labels, found
 
 
@@ -291,7 +250,7 @@ def _batched(head: Any, priors: Tensor, cls: Tensor, boxes: Tensor,
         return _no_targets(cls, cls.shape[0])
     gt, labels, found = assigned
     out = simota.build_targets(head, priors, cls, obj, gt, labels, found,
-                               _mmdet('bbox_xyxy_to_cxcywh'), _L1_EPS)
+                               upstream('bbox_xyxy_to_cxcywh'), _L1_EPS)
     return [None if found.fallback[i] else row for i, row in enumerate(out)]
 
 

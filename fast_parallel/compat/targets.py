@@ -1,0 +1,127 @@
+"""The upstream names the batched targets follow, by key.
+
+Each head family computes the same numbers as exact mmdet / mmdet3d
+classes, so the code reads them from here rather than importing them
+itself: :func:`upstream` finds one, and a missing one is a
+:class:`~fast_parallel.compat.CompatError` naming it and the version it was
+checked on. Checked on mmdet 3.3.0 and mmdet3d 1.4.0
+(:data:`fast_parallel.compat.CHECKED_ON`).
+"""
+import importlib
+from typing import Any, Callable, Dict, Tuple
+
+from fast_parallel.compat.core import CHECKED_ON, CompatError, private
+
+_ASSIGNERS = 'mmdet.models.task_modules.assigners'
+_DENSE = 'mmdet.models.dense_heads'
+_TASKS = 'mmdet.models.task_modules'
+
+#: key -> (module, name, package).
+UPSTREAM: Dict[str, Tuple[str, str, str]] = {
+    # YOLOX
+    'YOLOXHead': (_DENSE, 'YOLOXHead', 'mmdet'),
+    'SimOTAAssigner': (_ASSIGNERS, 'SimOTAAssigner', 'mmdet'),
+    'SimOTA.INF': (f'{_ASSIGNERS}.sim_ota_assigner', 'INF', 'mmdet'),
+    'SimOTA.EPS': (f'{_ASSIGNERS}.sim_ota_assigner', 'EPS', 'mmdet'),
+    'bbox_xyxy_to_cxcywh':
+    ('mmdet.structures.bbox', 'bbox_xyxy_to_cxcywh', 'mmdet'),
+    # RTMDet
+    'RTMDetHead': (_DENSE, 'RTMDetHead', 'mmdet'),
+    'RTMDetSepBNHead': (_DENSE, 'RTMDetSepBNHead', 'mmdet'),
+    'DynamicSoftLabelAssigner':
+    (_ASSIGNERS, 'DynamicSoftLabelAssigner', 'mmdet'),
+    'DSL.INF': (f'{_ASSIGNERS}.dynamic_soft_label_assigner', 'INF', 'mmdet'),
+    'DSL.EPS': (f'{_ASSIGNERS}.dynamic_soft_label_assigner', 'EPS', 'mmdet'),
+    'MlvlPointGenerator': (_TASKS, 'MlvlPointGenerator', 'mmdet'),
+    'anchor_inside_flags': (_TASKS, 'anchor_inside_flags', 'mmdet'),
+    'distance2bbox': ('mmdet.structures.bbox', 'distance2bbox', 'mmdet'),
+    # the MaxIoUAssigner family
+    'RetinaHead': (_DENSE, 'RetinaHead', 'mmdet'),
+    'RPNHead': (_DENSE, 'RPNHead', 'mmdet'),
+    'StandardRoIHead': ('mmdet.models.roi_heads', 'StandardRoIHead', 'mmdet'),
+    'MaxIoUAssigner': (_ASSIGNERS, 'MaxIoUAssigner', 'mmdet'),
+    'AssignResult': (_ASSIGNERS, 'AssignResult', 'mmdet'),
+    'RandomSampler': (_TASKS, 'RandomSampler', 'mmdet'),
+    'SamplingResult': (_TASKS, 'SamplingResult', 'mmdet'),
+    'AnchorGenerator': (_TASKS, 'AnchorGenerator', 'mmdet'),
+    'DeltaXYWHBBoxCoder': (_TASKS, 'DeltaXYWHBBoxCoder', 'mmdet'),
+    # shared by the 2D families
+    'BboxOverlaps2D': (_TASKS, 'BboxOverlaps2D', 'mmdet'),
+    'PseudoSampler': (_TASKS, 'PseudoSampler', 'mmdet'),
+    'reduce_mean': ('mmdet.utils', 'reduce_mean', 'mmdet'),
+    'multi_apply': ('mmdet.models.utils', 'multi_apply', 'mmdet'),
+    # mmdet3d's anchor head
+    'Anchor3DHead': ('mmdet3d.models.dense_heads', 'Anchor3DHead', 'mmdet3d'),
+    'Max3DIoUAssigner':
+    ('mmdet3d.models.task_modules', 'Max3DIoUAssigner', 'mmdet3d'),
+    'PseudoSampler3D':
+    ('mmdet3d.models.task_modules', 'PseudoSampler', 'mmdet3d'),
+    'DeltaXYZWLHRBBoxCoder': ('mmdet3d.models.task_modules',
+                              'DeltaXYZWLHRBBoxCoder', 'mmdet3d'),
+    'BboxOverlapsNearest3D': ('mmdet3d.structures.ops',
+                              'BboxOverlapsNearest3D', 'mmdet3d'),
+    'get_direction_target': ('mmdet3d.models.dense_heads.train_mixins',
+                             'get_direction_target', 'mmdet3d'),
+}
+
+#: The per-image target method of mmdet's dense heads (private), which the
+#: batched targets stand for and fall back to.
+TARGETS_SINGLE = '_get_targets_single'
+
+
+def targets_single(head: Any) -> Callable:
+    """``type(head)._get_targets_single``: stock's per-image targets.
+
+    Args:
+        head: An mmdet dense head.
+
+    Returns:
+        callable: The class's (unbound) method.
+    """
+    return private(
+        type(head), TARGETS_SINGLE, 'mmdet',
+        'images whose targets take the stock path')
+
+
+def upstream(key: str) -> Any:
+    """The upstream class, function or constant of :data:`UPSTREAM`.
+
+    Args:
+        key (str): A key of :data:`UPSTREAM`.
+
+    Returns:
+        The object.
+
+    Raises:
+        CompatError: When the installed package has no such name.
+    """
+    module, name, package = UPSTREAM[key]
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        raise CompatError(
+            f'fast_parallel batched targets need `{module}.{name}` (checked '
+            f'on {package} {CHECKED_ON[package]}); it is missing. Set '
+            'FastParallelHook(fast_targets=False) to keep the stock '
+            'targets.') from None
+
+
+def is_upstream(obj: Any, *keys: str) -> bool:
+    """Whether ``type(obj)`` is exactly one of the classes ``keys`` name.
+
+    A class missing from the installed version counts as no match.
+
+    Args:
+        obj: An instance.
+        *keys (str): Keys of :data:`UPSTREAM`.
+
+    Returns:
+        bool: True for an exact class match (not a subclass).
+    """
+    for key in keys:
+        try:
+            if type(obj) is upstream(key):
+                return True
+        except CompatError:
+            continue
+    return False

@@ -1,0 +1,253 @@
+"""RTMDet's training targets for the whole batch (``get_targets``, batched).
+
+:func:`rtmdet_targets` returns what ``RTMDetHead.get_targets`` returns to
+``loss_by_feat`` (mmdet 3.3.0: ``DynamicSoftLabelAssigner`` +
+``BboxOverlaps2D`` + ``PseudoSampler``): labels, label weights, box targets
+and assign metrics per level, each ``(B, n_level)`` a slice of one stacked
+tensor as ``images_to_levels`` gives it, bit for bit. Its operation count
+does not depend on the batch size or the number of boxes. An image the
+batched path cannot decide as stock does is computed by stock's own
+``_get_targets_single`` and counted.
+"""
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fast_parallel.compat.targets import (TARGETS_SINGLE, targets_single,
+                                          upstream)
+from fast_parallel.step.targets.padding import pad_gts
+from fast_parallel.step.targets.rtmdet import dsl
+from fast_parallel.step.targets.stock_way import StockWay
+
+__all__ = ['batch_reason', 'rtmdet_supported', 'rtmdet_targets']
+
+#: Head and assigner methods the batched targets stand for: an instance
+#: that overrides one stays stock.
+_HEAD_METHODS = ('get_targets', TARGETS_SINGLE, 'get_anchors')
+_ASSIGNER_METHODS = ('assign', 'dynamic_k_matching')
+
+
+def rtmdet_supported(head: Any) -> Optional[str]:
+    """Whether :func:`rtmdet_targets` covers ``head`` exactly.
+
+    Args:
+        head: A dense head.
+
+    Returns:
+        Optional[str]: None when covered, else why not (for the log).
+    """
+    name = type(head).__name__
+    if type(head) not in (upstream('RTMDetHead'), upstream('RTMDetSepBNHead')):
+        return f'{name} is not RTMDetHead or RTMDetSepBNHead'
+    train_cfg = getattr(head, 'train_cfg', None)
+    assigner = getattr(head, 'assigner', None)
+    if not train_cfg or assigner is None:
+        return f'{name} has no train_cfg (no assigner)'
+    if type(assigner) is not upstream('DynamicSoftLabelAssigner'):
+        return f'assigner {type(assigner).__name__} is not ' \
+            'DynamicSoftLabelAssigner'
+    iou = getattr(assigner, 'iou_calculator', None)
+    if type(iou) is not upstream('BboxOverlaps2D'):
+        return f'iou_calculator {type(iou).__name__} is not BboxOverlaps2D'
+    if iou.scale != 1. or iou.dtype is not None:
+        return 'BboxOverlaps2D with scale or dtype options'
+    if type(getattr(head, 'sampler', None)) is not upstream('PseudoSampler'):
+        return 'sampler is not PseudoSampler'
+    if type(head.prior_generator) is not upstream('MlvlPointGenerator'):
+        return 'prior_generator is not MlvlPointGenerator'
+    overridden = [m for m in _HEAD_METHODS if m in vars(head)
+                  ] + [m for m in _ASSIGNER_METHODS if m in vars(assigner)]
+    if overridden:
+        return f'{", ".join(overridden)} replaced on the instance'
+    topk = assigner.topk
+    if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
+        return f'topk={topk!r} is not a positive int'
+    for value in (assigner.soft_center_radius, assigner.iou_weight,
+                  train_cfg.get('pos_weight',
+                                None), train_cfg.get('allowed_border', None)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return 'DynamicSoftLabelAssigner / train_cfg option not a number'
+    if head.cls_out_channels != head.num_classes:
+        return 'cls_out_channels differs from num_classes (softmax)'
+    return None
+
+
+def batch_reason(head: Any, scores: Tensor, boxes: Tensor, gts: Sequence[Any],
+                 num_priors: int) -> Optional[str]:
+    """Why this whole batch takes the stock path, or None."""
+    if scores.dim() != 3 or scores.shape[1] != num_priors or \
+            boxes.shape != (*scores.shape[:2], 4) or num_priors == 0:
+        return 'shapes'
+    f32, device = torch.float32, scores.device
+    tensors = [scores, boxes] + [g.bboxes for g in gts]
+    if any(
+            type(t) is not Tensor or t.dtype != f32 or t.device != device
+            for t in tensors):
+        return 'dtypes or devices (float32 tensors on one device covered)'
+    for gt in gts:
+        labels = gt.labels
+        if (gt.bboxes.dim() != 2 or gt.bboxes.shape[1] != 4
+                or type(labels) is not Tensor or labels.device != device
+                or labels.shape != gt.bboxes.shape[:1]
+                or labels.dtype.is_floating_point
+                or labels.dtype == torch.bool):
+            return 'ground truth layout'
+    classes = scores.shape[2]
+    if device.type == 'cuda' and classes > 128 and classes % 4:
+        return 'CUDA, > 128 classes not a multiple of 4 (row alignment)'
+    if device.type == 'cpu' and not scores.is_contiguous():
+        return 'non-contiguous predictions on CPU'
+    return None
+
+
+def _all_valid(head: Any, featmap_sizes: Sequence, pad_shape: tuple) -> bool:
+    """Whether ``valid_flags`` of this pad shape are all True (host only)."""
+    for (feat_h, feat_w), (stride_w,
+                           stride_h) in zip(featmap_sizes,
+                                            head.prior_generator.strides):
+        h, w = pad_shape[:2]
+        if (min(int(np.ceil(h / stride_h)), feat_h) != feat_h
+                or min(int(np.ceil(w / stride_w)), feat_w) != feat_w):
+            return False
+    return True
+
+
+def _stock_flags(head: Any, priors: Tensor, featmap_sizes: Sequence,
+                 meta: dict) -> Tensor:
+    """One image's ``inside_flags``, as stock's ``_get_targets_single``."""
+    valid = torch.cat(
+        head.prior_generator.valid_flags(featmap_sizes, meta['pad_shape'],
+                                         priors.device))
+    return upstream('anchor_inside_flags')(priors, valid,
+                                           meta['img_shape'][:2],
+                                           head.train_cfg['allowed_border'])
+
+
+def inside_flags(head: Any, priors: Tensor, featmap_sizes: Sequence,
+                 metas: Sequence[dict]) -> Tuple[Optional[Tensor], list]:
+    """The priors stock assigns in each image: ``(B, N)``, or None for all.
+
+    Without a border check (``allowed_border < 0``) and with pad shapes
+    whose valid flags are all True (the images fill the padded batch, as
+    RTMDet's ``Pad`` makes them), no tensor is needed; else one row per
+    distinct (pad, image) shape, as stock computes it.
+
+    Returns:
+        tuple: The flags (or None) and each image's valid flags per level
+        (None where not computed).
+    """
+    keys = [(tuple(m['pad_shape'][:2]), tuple(m['img_shape'][:2]))
+            for m in metas]
+    if head.train_cfg['allowed_border'] < 0 and all(
+            _all_valid(head, featmap_sizes, pad) for pad, _ in set(keys)):
+        return None, keys
+    rows = {
+        key:
+        _stock_flags(head, priors, featmap_sizes,
+                     dict(pad_shape=key[0], img_shape=key[1]))
+        for key in set(keys)
+    }
+    return torch.stack([rows[k] for k in keys]), keys
+
+
+def rtmdet_targets(head: Any,
+                   scores: Tensor,
+                   boxes: Tensor,
+                   mlvl_priors: List[Tensor],
+                   featmap_sizes: Sequence,
+                   batch_gt_instances: Sequence[Any],
+                   batch_img_metas: Sequence[dict],
+                   batch_gt_instances_ignore: Optional[Sequence[Any]] = None,
+                   stock_way: Optional[StockWay] = None) -> tuple:
+    """Stock's ``get_targets(...)[1:5]``, batched.
+
+    Args:
+        head: A head :func:`rtmdet_supported` covers.
+        scores (Tensor): ``(B, N, C)`` flattened class logits.
+        boxes (Tensor): ``(B, N, 4)`` decoded boxes.
+        mlvl_priors (list[Tensor]): Point priors per level (with strides).
+        featmap_sizes (Sequence): Feature map size per level.
+        batch_gt_instances (Sequence[InstanceData]): Ground truths.
+        batch_img_metas (Sequence[dict]): Meta information per image.
+        batch_gt_instances_ignore (Sequence, optional): Ignored boxes, which
+            ``DynamicSoftLabelAssigner.assign`` takes and never reads.
+            Defaults to None.
+        stock_way (StockWay, optional): Counts the images computed the stock
+            way. Defaults to None.
+
+    Returns:
+        tuple: ``(labels_list, label_weights_list, bbox_targets_list,
+        assign_metrics_list)``, per level, as stock's ``get_targets``.
+    """
+    stock_way = stock_way or StockWay()
+    num_imgs = len(batch_img_metas)
+    ignore = list(batch_gt_instances_ignore or [None] * num_imgs)
+    priors = torch.cat(mlvl_priors)
+    scores, boxes = scores.detach(), boxes.detach()
+    num_priors = priors.shape[0]
+    num_classes = head.num_classes
+    inside, _ = inside_flags(head, priors, featmap_sizes, batch_img_metas)
+    labels = torch.full((num_imgs, num_priors),
+                        num_classes,
+                        dtype=torch.long,
+                        device=priors.device)
+    weights = priors.new_zeros((num_imgs, num_priors))
+    bbox_targets = priors.new_zeros((num_imgs, num_priors, 4))
+    metrics = priors.new_zeros((num_imgs, num_priors))
+    fallback = [True] * num_imgs
+    if batch_reason(head, scores, boxes, batch_gt_instances,
+                    num_priors) is None:
+        gt, gt_labels, gt_mask, counts = pad_gts(
+            [g.bboxes for g in batch_gt_instances],
+            [g.labels for g in batch_gt_instances], priors.device)
+        if gt.shape[1]:
+            found = dsl.assign(head.assigner, priors, scores, boxes, inside,
+                               gt, gt_labels, gt_mask, counts,
+                               upstream('DSL.EPS'))
+            pos, gt_of = found.pos, found.gt_of.unsqueeze(-1)
+            labels = torch.where(pos,
+                                 gt_labels.gather(1, found.gt_of).long(),
+                                 labels)
+            bbox_targets = torch.where(pos[..., None],
+                                       gt.gather(1, gt_of.expand(-1, -1, 4)),
+                                       0.)
+            metrics = torch.where(pos, found.pos_iou, 0.)
+            fallback = found.fallback
+        else:  # no ground truth anywhere: every prior is background
+            pos = torch.zeros_like(labels, dtype=torch.bool)
+            fallback = [False] * num_imgs
+        pos_weight = head.train_cfg['pos_weight']
+        # negatives (everything else stock assigns) weigh 1.0
+        weights = torch.where(pos, 1.0 if pos_weight <= 0 else pos_weight, 1.0)
+        if inside is not None:  # unmap: priors stock skipped get weight 0
+            weights = weights.masked_fill(~inside, 0.)
+    anchors_list = None
+    for i in [i for i in range(num_imgs) if fallback[i]]:
+        if anchors_list is None:
+            anchors_list, valid_list = head.get_anchors(
+                featmap_sizes, batch_img_metas, device=priors.device)
+        stock_way.count()
+        single = targets_single(head)(head, scores[i], boxes[i],
+                                      torch.cat(anchors_list[i]),
+                                      torch.cat(valid_list[i]),
+                                      batch_gt_instances[i],
+                                      batch_img_metas[i], ignore[i])
+        if single[1] is None:  # no valid anchor: stock's get_targets
+            return None
+        for out, value in zip((labels, weights, bbox_targets, metrics),
+                              single[1:5]):
+            out[i].copy_(value)
+    return tuple(
+        _levels(t, [p.shape[0] for p in mlvl_priors])
+        for t in (labels, weights, bbox_targets, metrics))
+
+
+def _levels(target: Tensor, sizes: Sequence[int]) -> List[Tensor]:
+    """``images_to_levels`` of a stacked ``(B, N, ...)`` target."""
+    out, start = [], 0
+    for size in sizes:
+        out.append(target[:, start:start + size])
+        start += size
+    return out
