@@ -50,12 +50,14 @@ UPSTREAM: Dict[str, Tuple[str, str, str]] = {
     'PseudoSampler': (_TASKS, 'PseudoSampler', 'mmdet'),
     'reduce_mean': ('mmdet.utils', 'reduce_mean', 'mmdet'),
     'multi_apply': ('mmdet.models.utils', 'multi_apply', 'mmdet'),
+    'unpack_gt_instances':
+    ('mmdet.models.utils', 'unpack_gt_instances', 'mmdet'),
     # mmdet3d's anchor head
     'Anchor3DHead': ('mmdet3d.models.dense_heads', 'Anchor3DHead', 'mmdet3d'),
     'Max3DIoUAssigner':
     ('mmdet3d.models.task_modules', 'Max3DIoUAssigner', 'mmdet3d'),
-    'PseudoSampler3D':
-    ('mmdet3d.models.task_modules', 'PseudoSampler', 'mmdet3d'),
+    'PseudoSampler3D': ('mmdet3d.models.task_modules', 'PseudoSampler',
+                        'mmdet3d'),
     'DeltaXYZWLHRBBoxCoder': ('mmdet3d.models.task_modules',
                               'DeltaXYZWLHRBBoxCoder', 'mmdet3d'),
     'BboxOverlapsNearest3D': ('mmdet3d.structures.ops',

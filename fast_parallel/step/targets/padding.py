@@ -5,12 +5,12 @@ the host from the box counts (shapes, so no device sync) and travels in one
 copy, non-blocking from pinned memory on a GPU. Padding slots hold a dummy
 row (zeros, label -1) that every family masks out.
 """
-from typing import List, NamedTuple, Sequence
+from typing import List, NamedTuple, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
-__all__ = ['Padded', 'pad_gts']
+__all__ = ['Padded', 'pad_gts', 'pad_rows']
 
 
 class Padded(NamedTuple):
@@ -23,6 +23,45 @@ class Padded(NamedTuple):
     mask: Tensor
     #: Ground truths per sample.
     counts: List[int]
+
+
+def _gather_index(counts: Sequence[int], width: int,
+                  device: torch.device) -> Tensor:
+    """``(B, width)`` indices into the rows of all samples, then a dummy."""
+    total = sum(counts)
+    index: List[int] = []
+    start = 0
+    for count in counts:
+        index.extend(range(start, start + count))
+        index.extend([total] * (width - count))  # the dummy row
+        start += count
+    pinned = device.type == 'cuda'
+    return torch.tensor(
+        index, dtype=torch.long, pin_memory=pinned).to(
+            device, non_blocking=pinned).view(len(counts), width)
+
+
+def pad_rows(rows: Sequence[Tensor],
+             device: torch.device,
+             min_width: int = 0,
+             fill: float = 0) -> Tuple[Tensor, Tensor]:
+    """Pads each sample's ``(n_i, ...)`` rows to ``(B, G, ...)``.
+
+    Args:
+        rows (Sequence[Tensor]): Rows per sample, one dtype.
+        device (torch.device): Where the batch lives.
+        min_width (int): At least this many columns. Defaults to 0.
+        fill (float): The padding value. Defaults to 0.
+
+    Returns:
+        tuple[Tensor, Tensor]: The padded rows and the ``(B, G)`` mask of
+        the real ones.
+    """
+    counts = [int(r.shape[0]) for r in rows]
+    width = max(max(counts, default=0), min_width)
+    index = _gather_index(counts, width, device)
+    dummy = rows[0].new_full((1, *rows[0].shape[1:]), fill)
+    return torch.cat([*rows, dummy])[index], index < sum(counts)
 
 
 def pad_gts(boxes: Sequence[Tensor],
@@ -42,20 +81,10 @@ def pad_gts(boxes: Sequence[Tensor],
         Padded: Boxes, labels, mask and counts.
     """
     counts = [int(b.shape[0]) for b in boxes]
-    total = sum(counts)
     width = max(max(counts, default=0), min_width)
-    index: List[int] = []
-    start = 0
-    for count in counts:
-        index.extend(range(start, start + count))
-        index.extend([total] * (width - count))  # the dummy row
-        start += count
-    pinned = device.type == 'cuda'
-    index_t = torch.tensor(
-        index, dtype=torch.long, pin_memory=pinned).to(
-            device, non_blocking=pinned).view(len(counts), width)
+    index = _gather_index(counts, width, device)
     dim = boxes[0].shape[-1]
     all_boxes = torch.cat([*boxes, boxes[0].new_zeros((1, dim))])
     all_labels = torch.cat([*labels, labels[0].new_full((1, ), -1)])
-    return Padded(all_boxes[index_t], all_labels[index_t], index_t < total,
+    return Padded(all_boxes[index], all_labels[index], index < sum(counts),
                   counts)

@@ -63,6 +63,21 @@ COVERED: Tuple[Covered, ...] = (
         replaces=('loss_by_feat', ),
         stock_targets=('get_targets', ))
       for head in ('RTMDetHead', 'RTMDetSepBNHead')),
+    *(Covered(
+        head=head,
+        assigner='MaxIoUAssigner',
+        package='max_iou',
+        unit='images',
+        replaces=('loss_by_feat', ),
+        stock_targets=('get_anchors', 'get_targets'))
+      for head in ('RetinaHead', 'RPNHead')),
+    Covered(
+        head='StandardRoIHead',
+        assigner='MaxIoUAssigner',
+        package='roi',
+        unit='images',
+        replaces=('loss', ),
+        stock_targets=('bbox_assigner.assign', 'bbox_sampler.sample')),
 )
 
 
@@ -108,11 +123,14 @@ def install(head: nn.Module, covered: Covered) -> TargetStats:
 
 
 def _computes_targets(module: nn.Module) -> bool:
-    """Whether ``module`` is a head that computes training targets."""
+    """Whether ``module`` is a head that computes training targets: a
+    dense head or box / mask head (``loss_by_feat``, ``get_targets``), or an
+    RoI head (``bbox_assigner`` and ``bbox_sampler``)."""
     cls = type(module)
     return any(
         callable(getattr(cls, name, None))
-        for name in ('loss_by_feat', 'get_targets'))
+        for name in ('loss_by_feat', 'get_targets')) or (hasattr(
+            module, 'bbox_assigner') and hasattr(module, 'bbox_sampler'))
 
 
 def assigner_name(head: nn.Module) -> Optional[str]:

@@ -11,13 +11,13 @@ batched path cannot decide as stock does is computed by stock's own
 """
 from typing import Any, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from fast_parallel.compat.targets import (TARGETS_SINGLE, targets_single,
                                           upstream)
 from fast_parallel.step.targets.padding import pad_gts
+from fast_parallel.step.targets.priors import inside_flags
 from fast_parallel.step.targets.rtmdet import dsl
 from fast_parallel.step.targets.stock_way import StockWay
 
@@ -102,56 +102,6 @@ def batch_reason(head: Any, scores: Tensor, boxes: Tensor, gts: Sequence[Any],
     return None
 
 
-def _all_valid(head: Any, featmap_sizes: Sequence, pad_shape: tuple) -> bool:
-    """Whether ``valid_flags`` of this pad shape are all True (host only)."""
-    for (feat_h, feat_w), (stride_w,
-                           stride_h) in zip(featmap_sizes,
-                                            head.prior_generator.strides):
-        h, w = pad_shape[:2]
-        if (min(int(np.ceil(h / stride_h)), feat_h) != feat_h
-                or min(int(np.ceil(w / stride_w)), feat_w) != feat_w):
-            return False
-    return True
-
-
-def _stock_flags(head: Any, priors: Tensor, featmap_sizes: Sequence,
-                 meta: dict) -> Tensor:
-    """One image's ``inside_flags``, as stock's ``_get_targets_single``."""
-    valid = torch.cat(
-        head.prior_generator.valid_flags(featmap_sizes, meta['pad_shape'],
-                                         priors.device))
-    return upstream('anchor_inside_flags')(priors, valid,
-                                           meta['img_shape'][:2],
-                                           head.train_cfg['allowed_border'])
-
-
-def inside_flags(head: Any, priors: Tensor, featmap_sizes: Sequence,
-                 metas: Sequence[dict]) -> Tuple[Optional[Tensor], list]:
-    """The priors stock assigns in each image: ``(B, N)``, or None for all.
-
-    Without a border check (``allowed_border < 0``) and with pad shapes
-    whose valid flags are all True (the images fill the padded batch, as
-    RTMDet's ``Pad`` makes them), no tensor is needed; else one row per
-    distinct (pad, image) shape, as stock computes it.
-
-    Returns:
-        tuple: The flags (or None) and each image's valid flags per level
-        (None where not computed).
-    """
-    keys = [(tuple(m['pad_shape'][:2]), tuple(m['img_shape'][:2]))
-            for m in metas]
-    if head.train_cfg['allowed_border'] < 0 and all(
-            _all_valid(head, featmap_sizes, pad) for pad, _ in set(keys)):
-        return None, keys
-    rows = {
-        key:
-        _stock_flags(head, priors, featmap_sizes,
-                     dict(pad_shape=key[0], img_shape=key[1]))
-        for key in set(keys)
-    }
-    return torch.stack([rows[k] for k in keys]), keys
-
-
 def rtmdet_targets(head: Any,
                    scores: Tensor,
                    boxes: Tensor,
@@ -188,7 +138,7 @@ def rtmdet_targets(head: Any,
     scores, boxes = scores.detach(), boxes.detach()
     num_priors = priors.shape[0]
     num_classes = head.num_classes
-    inside, _ = inside_flags(head, priors, featmap_sizes, batch_img_metas)
+    inside = inside_flags(head, priors, featmap_sizes, batch_img_metas)
     labels = torch.full((num_imgs, num_priors),
                         num_classes,
                         dtype=torch.long,

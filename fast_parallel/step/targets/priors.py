@@ -1,0 +1,88 @@
+"""Which priors stock assigns in each image: ``anchor_inside_flags``.
+
+Dense heads call ``prior_generator.valid_flags`` per image (priors beyond
+the image's padded size are invalid) and ``anchor_inside_flags`` (with
+``allowed_border >= 0``, priors must also lie within the image); stock then
+assigns the valid, inside priors only and fills the rest in ("unmap").
+:func:`inside_flags` gives the same flags for a batch, and none at all where
+every prior is in (the common case, decided on the host).
+"""
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ['inside_flags']
+
+
+def _all_valid(head: Any, featmap_sizes: Sequence, pad_shape: tuple) -> bool:
+    """Whether ``valid_flags`` of this pad shape are all True (host only)."""
+    for (feat_h, feat_w), (stride_w,
+                           stride_h) in zip(featmap_sizes,
+                                            head.prior_generator.strides):
+        h, w = pad_shape[:2]
+        if (min(int(np.ceil(h / stride_h)), feat_h) != feat_h
+                or min(int(np.ceil(w / stride_w)), feat_w) != feat_w):
+            return False
+    return True
+
+
+def _valid_flags(head: Any, featmap_sizes: Sequence,
+                 pad_shape: tuple) -> np.ndarray:
+    """``cat(prior_generator.valid_flags(featmap_sizes, pad_shape))`` on the
+    host: per level, the priors of the rows and columns the padded image
+    covers, ``num_base_priors`` per location (row-major, as the priors)."""
+    generator = head.prior_generator
+    levels = []
+    for (feat_h, feat_w), (stride_w,
+                           stride_h), base in zip(featmap_sizes,
+                                                  generator.strides,
+                                                  generator.num_base_priors):
+        h, w = pad_shape[:2]
+        valid_h = min(int(np.ceil(h / stride_h)), feat_h)
+        valid_w = min(int(np.ceil(w / stride_w)), feat_w)
+        grid = (np.arange(feat_h) < valid_h)[:, None] & \
+            (np.arange(feat_w) < valid_w)[None, :]
+        levels.append(np.repeat(grid.reshape(-1), base))
+    return np.concatenate(levels)
+
+
+def inside_flags(head: Any, priors: Tensor, featmap_sizes: Sequence,
+                 metas: Sequence[dict]) -> Optional[Tensor]:
+    """The priors stock assigns in each image: ``(B, N)``, or None for all.
+
+    Without a border check (``allowed_border < 0``) and with pad shapes
+    whose valid flags are all True (the images fill the padded batch, as
+    RTMDet's ``Pad`` makes them), no tensor is needed. Else the valid flags
+    of each image are made on the host (as ``valid_flags`` makes them:
+    booleans, exact) and travel in one copy, and the border check is
+    ``anchor_inside_flags``'s comparisons for all images at once.
+
+    Args:
+        head: A dense head (``prior_generator``, ``train_cfg``).
+        priors (Tensor): ``(N, 4)`` flat priors of the batch.
+        featmap_sizes (Sequence): Feature map size per level.
+        metas (Sequence[dict]): ``pad_shape`` and ``img_shape`` per image.
+
+    Returns:
+        Optional[Tensor]: ``(B, N)`` bool, or None.
+    """
+    border = head.train_cfg['allowed_border']
+    pads = [tuple(m['pad_shape'][:2]) for m in metas]
+    if border < 0 and all(
+            _all_valid(head, featmap_sizes, pad) for pad in set(pads)):
+        return None
+    rows = {pad: _valid_flags(head, featmap_sizes, pad) for pad in set(pads)}
+    pinned = priors.device.type == 'cuda'
+    valid = torch.from_numpy(np.stack([rows[pad] for pad in pads]))
+    if pinned:
+        valid = valid.pin_memory()
+    valid = valid.to(priors.device, non_blocking=pinned)
+    if border < 0:
+        return valid
+    size = priors.new_tensor([m['img_shape'][:2] for m in metas])
+    img_h, img_w = size[:, 0:1], size[:, 1:2]
+    return valid & (priors[:, 0] >= -border) & (priors[:, 1] >= -border) & (
+        priors[:, 2] < img_w + border) & (
+            priors[:, 3] < img_h + border)

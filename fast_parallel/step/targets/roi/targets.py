@@ -1,0 +1,139 @@
+"""The RoI head's assign + sample for the whole batch (``StandardRoIHead``).
+
+Stock's ``StandardRoIHead.loss`` assigns each image's proposals to its
+ground truths (``MaxIoUAssigner``) and samples them (``RandomSampler``, the
+ground truths added as proposals first), image by image. :func:`sample_rois`
+assigns every image in one ``(B, G, P)`` overlap, makes the sampler's draws
+as stock does (same sizes, same order, same generator) and returns each
+image's ``SamplingResult``, equal to stock's field by field, for stock's own
+``bbox_loss`` and ``mask_loss``.
+"""
+from typing import Any, List, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from fast_parallel.compat.targets import upstream
+from fast_parallel.step.targets.dynamic_k import nonzero
+from fast_parallel.step.targets.max_iou.assign import assign_batch
+from fast_parallel.step.targets.max_iou.sampling import sample_batch
+from fast_parallel.step.targets.padding import pad_gts, pad_rows
+
+__all__ = ['batch_reason', 'sample_rois']
+
+
+def batch_reason(assigner: Any, proposals: Sequence[Tensor],
+                 gts: Sequence[Any]) -> Optional[str]:
+    """Why this batch's RoI targets take the stock path, or None."""
+    if not proposals:
+        return 'no image'
+    device = proposals[0].device
+    for rois, gt in zip(proposals, gts):
+        boxes, labels = gt.bboxes, gt.labels
+        if (type(rois) is not Tensor or rois.dtype != torch.float32
+                or rois.device != device or rois.dim() != 2
+                or rois.shape[1] != 4 or type(boxes) is not Tensor
+                or boxes.dtype != torch.float32 or boxes.device != device
+                or boxes.dim() != 2 or boxes.shape[1] != 4
+                or type(labels) is not Tensor
+                or labels.shape != boxes.shape[:1] or labels.device != device):
+            return 'proposal or ground truth layout, dtype or device'
+        if device.type != 'cpu' and 0 < assigner.gpu_assign_thr < len(boxes):
+            return 'gpu_assign_thr: stock assigns on the CPU'
+    return None
+
+
+def _ragged_index(gt_counts: Sequence[int], roi_counts: Sequence[int],
+                  gt_width: int, width: int, add_gts: bool,
+                  device: torch.device) -> Tensor:
+    """``(2, T)``: the grid positions of each image's priors in stock's
+    order (its ground truths when added, then its proposals), and each one's
+    index within its image; one copy to the device."""
+    index: List[int] = []
+    local: List[int] = []
+    for i, (g, p) in enumerate(zip(gt_counts, roi_counts)):
+        base = i * width
+        if add_gts and g:
+            index.extend(range(base, base + g))
+        index.extend(range(base + gt_width, base + gt_width + p))
+        local.extend(range(len(index) - len(local)))
+    pinned = device.type == 'cuda'
+    return torch.tensor([index, local], dtype=torch.long,
+                        pin_memory=pinned).to(
+                            device, non_blocking=pinned)
+
+
+def sample_rois(head: Any, proposals: Sequence[Tensor],
+                gts: Sequence[Any]) -> List[Any]:
+    """Each image's ``bbox_sampler.sample(bbox_assigner.assign(...))``.
+
+    Args:
+        head: A ``StandardRoIHead`` the package's ``supported`` accepts.
+        proposals (Sequence[Tensor]): ``(P_i, 4)`` proposals per image.
+        gts (Sequence[InstanceData]): Ground truths per image.
+
+    Returns:
+        list[SamplingResult]: Stock's, image by image.
+    """
+    device = proposals[0].device
+    num_imgs = len(proposals)
+    gt, gt_labels, gt_mask, gt_counts = pad_gts([g.bboxes for g in gts],
+                                                [g.labels for g in gts],
+                                                device, 1)
+    rois, roi_mask = pad_rows(proposals, device, 1)
+    roi_counts = [int(p.shape[0]) for p in proposals]
+    assigner, sampler = head.bbox_assigner, head.bbox_sampler
+    overlaps = assigner.iou_calculator(gt, rois)
+    overlaps = overlaps.masked_fill(~roi_mask[:, None], -1.)
+    gt_inds, max_overlaps = assign_batch(assigner, overlaps, gt_mask)
+    gt_of = (gt_inds - 1).clamp(min=0)
+    labels = torch.where(gt_inds > 0, gt_labels.gather(1, gt_of), -1)
+    gt_inds = gt_inds.masked_fill(~roi_mask, -1)
+    add_gts = sampler.add_gt_as_proposals
+    gt_width = gt.shape[1]
+    if add_gts:  # stock's add_gt_: the ground truths first, as proposals
+        own = torch.arange(1, gt_width + 1, device=device).expand(num_imgs, -1)
+        gt_inds = torch.cat([own.masked_fill(~gt_mask, -1), gt_inds], 1)
+        max_overlaps = torch.cat(
+            [max_overlaps.new_ones((num_imgs, gt_width)), max_overlaps], 1)
+        labels = torch.cat([gt_labels, labels], 1)
+        priors = torch.cat([gt, rois], 1)
+        flags = torch.cat([
+            gt_mask.to(torch.uint8),
+            torch.zeros_like(roi_mask, dtype=torch.uint8)
+        ], 1)
+    else:
+        priors, gt_width = rois, 0
+        flags = torch.zeros_like(roi_mask, dtype=torch.uint8)
+    sampled = sample_batch(sampler, gt_inds)
+    width = gt_inds.shape[1]
+    index, local = _ragged_index(gt_counts, roi_counts, gt_width, width,
+                                 add_gts, device)
+    sizes = [(g if add_gts and g else 0) + p
+             for g, p in zip(gt_counts, roi_counts)]
+    parts = [
+        t.reshape(-1, *t.shape[2:])[index].split(sizes)
+        for t in (priors, gt_inds, max_overlaps, labels, flags)
+    ]
+    # stock's pos_inds / neg_inds: ascending indices within each image
+    pos = local[nonzero(sampled.pos.reshape(-1)[index],
+                        sum(sampled.num_pos))].split(sampled.num_pos)
+    neg = local[nonzero(sampled.neg.reshape(-1)[index],
+                        sum(sampled.num_neg))].split(sampled.num_neg)
+    results = []
+    for i in range(num_imgs):
+        prior_i, inds_i, overlaps_i, labels_i, flags_i = (p[i] for p in parts)
+        assign = upstream('AssignResult')(
+            num_gts=gt_counts[i],
+            gt_inds=inds_i,
+            max_overlaps=overlaps_i,
+            labels=labels_i)
+        results.append(
+            upstream('SamplingResult')(
+                pos_inds=pos[i],
+                neg_inds=neg[i],
+                priors=prior_i,
+                gt_bboxes=gts[i].bboxes,
+                assign_result=assign,
+                gt_flags=flags_i))
+    return results
