@@ -9,7 +9,7 @@ does not depend on the batch size or the number of boxes. An image the
 batched path cannot decide as stock does is computed by stock's own
 ``_get_targets_single`` and counted.
 """
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence
 
 import torch
 from torch import Tensor
