@@ -49,8 +49,11 @@ def test_the_table_names_modules_that_cover_their_pair():
 def test_switch_changes_one_instance_only():
     head, other = _yolox(), _yolox()
     keys = {k: v.clone() for k, v in head.state_dict().items()}
-    line, stats = switch_targets(head)
-    assert line == 'targets: YOLOXHead/SimOTAAssigner batched'
+    outcome, stats = switch_targets(head)
+    assert str(outcome) == 'targets: YOLOXHead/SimOTAAssigner batched'
+    assert outcome.done and outcome.why is None
+    assert [(p.name, p.done)
+            for p in outcome.parts] == [('YOLOXHead/SimOTAAssigner', True)]
     assert len(stats) == 1 and stats[0].name == 'YOLOXHead/SimOTAAssigner'
     assert type(head) is YOLOXHead and 'loss_by_feat' in vars(head)
     assert 'loss_by_feat' not in vars(other)
@@ -61,10 +64,11 @@ def test_switch_changes_one_instance_only():
     assert all(torch.equal(state[k], keys[k]) for k in keys)
     # a second run of the same model finds it switched, not "replaced"
     again, stats_again = switch_targets(head)
-    assert again == line and stats_again[0] is stats[0]
-    assert switch_targets(
-        other,
-        enabled=False) == ('targets: left stock (fast_targets=False)', [])
+    assert again == outcome and stats_again[0] is stats[0]
+    off, stats_off = switch_targets(other, enabled=False)
+    assert str(off) == 'targets: left stock (fast_targets=False)'
+    assert not off.done and off.why == 'fast_targets=False'
+    assert stats_off == []
     assert 'loss_by_feat' not in vars(other)
 
 
@@ -78,8 +82,10 @@ def test_uncovered_heads_stay_stock_and_are_named():
         in_channels=32,
         feat_channels=32,
         train_cfg=dict(assigner=dict(type='SimOTAAssigner')))
-    line, stats = switch_targets(sub)
-    assert line == 'targets: MyYOLOXHead/SimOTAAssigner stock (not covered)'
+    outcome, stats = switch_targets(sub)
+    assert str(outcome) == \
+        'targets: MyYOLOXHead/SimOTAAssigner stock (not covered)'
+    assert not outcome.done and outcome.parts[0].why == 'not covered'
     assert stats == [] and 'loss_by_feat' not in vars(sub)
 
     retina = MODELS.build(
@@ -97,19 +103,28 @@ def test_uncovered_heads_stay_stock_and_are_named():
             bbox_coder=dict(type='DeltaXYWHBBoxCoder'),
             train_cfg=dict(
                 assigner=dict(
-                    type='MaxIoUAssigner', pos_iou_thr=0.5, neg_iou_thr=0.4),
+                    type='MaxIoUAssigner',
+                    pos_iou_thr=0.5,
+                    neg_iou_thr=0.4,
+                    iou_calculator=dict(type='BboxOverlaps2D', scale=2.)),
                 sampler=dict(type='PseudoSampler'),
                 allowed_border=-1,
                 pos_weight=-1)))
-    line, _ = switch_targets(retina)
-    assert line == 'targets: RetinaHead/MaxIoUAssigner stock (not covered)'
+    outcome, _ = switch_targets(retina)
+    # RetinaHead is covered, this option is not: stock, and named with why
+    assert str(outcome) == ('targets: RetinaHead/MaxIoUAssigner stock '
+                            '(BboxOverlaps2D with scale or dtype options)')
     assert 'loss_by_feat' not in vars(retina)
+    retina.assigner.iou_calculator.scale = 1.
+    outcome, _ = switch_targets(retina)
+    assert str(outcome) == 'targets: RetinaHead/MaxIoUAssigner batched'
+    assert 'loss_by_feat' in vars(retina)
 
     wrong = _yolox()
     wrong.loss_by_feat = wrong.loss_by_feat  # someone else's per-instance
-    line, _ = switch_targets(wrong)
-    assert line == ('targets: YOLOXHead/SimOTAAssigner stock (loss_by_feat '
-                    'replaced on the instance)')
+    outcome, _ = switch_targets(wrong)
+    assert str(outcome) == ('targets: YOLOXHead/SimOTAAssigner stock '
+                            '(loss_by_feat replaced on the instance)')
 
 
 def _batch(gen: torch.Generator,

@@ -85,6 +85,26 @@ def targets_single(head: Any) -> Callable:
         'images whose targets take the stock path')
 
 
+#: The methods of mmdet's ``RandomSampler`` that decide its draws; one of
+#: them set on an instance keeps that sampler stock.
+RANDOM_SAMPLER_METHODS = ('sample', '_sample_pos', '_sample_neg',
+                          'random_choice')
+
+
+def raw_positive_infos(head: Any) -> dict:
+    """``head._raw_positive_infos``: where mmdet's ``BaseDenseHead.loss``
+    keeps the sampling results ``get_positive_infos`` reads (private).
+
+    Args:
+        head: An mmdet dense head.
+
+    Returns:
+        dict: The head's own dict (updated in place by the caller).
+    """
+    return private(head, '_raw_positive_infos', 'mmdet',
+                   'the sampling results get_positive_infos reads')
+
+
 def upstream(key: str) -> Any:
     """The upstream class, function or constant of :data:`UPSTREAM`.
 

@@ -16,7 +16,7 @@ from typing import Any, List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from fast_parallel.compat.targets import upstream
+from fast_parallel.compat.targets import raw_positive_infos, upstream
 from fast_parallel.step.targets.max_iou.sampling import sampler_reason
 from fast_parallel.step.targets.max_iou.targets import (anchor_head_targets,
                                                         assigner_reason,
@@ -79,7 +79,7 @@ def _targets(self: Any, featmap_sizes: list, device: torch.device,
                 self, anchors, inside, [a.shape[0] for a in mlvl_anchors],
                 batch_gt_instances)
             # stock keeps them for get_positive_infos
-            self._raw_positive_infos.update(sampling_results=results)
+            raw_positive_infos(self).update(sampling_results=results)
             return [mlvl_anchors] * num_imgs, targets
         stock_way.count(num_imgs)
         anchor_list, valid_flag_list = type(self).get_anchors(
