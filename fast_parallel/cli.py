@@ -177,3 +177,28 @@ def parse_common_args(parser: argparse.ArgumentParser,
     if 'LOCAL_RANK' not in os.environ:
         os.environ['LOCAL_RANK'] = str(args.local_rank)
     return args
+
+
+def use_amp(cfg: Config, tool: str) -> None:
+    """``--amp``: mmengine's ``AmpOptimWrapper`` (dynamic loss scale), as
+    mmdet's ``tools/train.py --amp`` sets it.
+
+    Args:
+        cfg (Config): The config, changed in place.
+        tool (str): The tool's name, for the message.
+
+    Raises:
+        SystemExit: On a machine without an accelerator, where mmengine's
+            ``AmpOptimWrapper`` would assert: what to do instead.
+    """
+    from mmengine.device import (is_mlu_available, is_musa_available,
+                                 is_npu_available)
+    if not (torch.cuda.is_available() or is_npu_available()
+            or is_mlu_available() or is_musa_available()):
+        raise SystemExit(
+            f'{tool}: --amp needs a GPU: mmengine\'s AmpOptimWrapper '
+            'trains in mixed precision on CUDA (or NPU/MLU/MUSA) devices '
+            'only, and this machine has none. Run without --amp here.')
+    if cfg.optim_wrapper.get('type', 'OptimWrapper') != 'AmpOptimWrapper':
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        cfg.optim_wrapper.loss_scale = 'dynamic'

@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from fast_parallel import PackedBatch, PackedCollate, packed_collate
 from fast_parallel.bench.synthetic import pointpillars_samples, yolox_samples
-from fast_parallel.data.collate import reporting_worker_states
+from fast_parallel.data.collate import packed_for
+from fast_parallel.data.loader_state import LoaderState
 from fast_parallel.data.ring import DEFAULT_RING, SharedRing
 from fast_parallel.resume.hook import random_states, set_random_states
 
@@ -197,7 +198,8 @@ def test_worker_states_are_those_after_each_batch(ring):
         RandomSet(),
         batch_size=3,
         num_workers=2,
-        collate_fn=PackedCollate(ring=ring, worker_states=True))
+        collate_fn=PackedCollate(
+            ring=ring, state=LoaderState(carries_worker_states=True)))
     batches = list(loader)
     assert [b.worker_states[0] for b in batches] == [0, 1, 0, 1]
     saved = random_states()
@@ -213,20 +215,22 @@ def test_worker_states_are_those_after_each_batch(ring):
     assert list(DataLoader(RandomSet(), batch_size=3, num_workers=1,
                            collate_fn=PackedCollate()))[0].worker_states \
         is None
-    assert PackedCollate(worker_states=True)([RandomSet()[0]]) \
-        .worker_states is None
+    carrying = PackedCollate(state=LoaderState(carries_worker_states=True))
+    assert carrying([RandomSet()[0]]).worker_states is None
 
 
-def test_reporting_worker_states_keeps_the_collate():
-    fn = reporting_worker_states(packed_collate)
-    assert fn.worker_states and fn.inner is pseudo_collate
+def test_packed_for_reads_the_loader_state_and_keeps_the_collate():
+    state = LoaderState()
+    fn = packed_for(packed_collate, state)
+    assert fn.state is state and fn.inner is pseudo_collate
     ring = SharedRing()
     other = PackedCollate(default_collate, ring=ring)
-    fn = reporting_worker_states(other)
-    assert fn is not other and not other.worker_states
+    fn = packed_for(other, state)
+    assert fn is not other and other.state is None
     assert fn.inner is default_collate and fn.ring is ring
-    assert reporting_worker_states(fn) is fn
-    assert reporting_worker_states(default_collate).inner is default_collate
+    assert packed_for(fn, state) is fn
+    assert packed_for(fn, LoaderState()) is not fn
+    assert packed_for(default_collate, state).inner is default_collate
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')

@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 
 from fast_parallel import compat
 from fast_parallel.compat import CompatError
-from fast_parallel.data.loader import FastDataLoader, make_fast
+from fast_parallel.data.loader import FastDataLoader, switch_to_fast_loader
 from fast_parallel.step import fused_optim
 
 
@@ -31,7 +31,7 @@ def test_missing_torch_internal_is_named(monkeypatch):
     compat.check_dataloader_internals.cache_clear()
     try:
         with pytest.raises(CompatError) as error:
-            make_fast(DataLoader([1, 2]))
+            switch_to_fast_loader(DataLoader([1, 2]))
     finally:
         monkeypatch.undo()
         compat.check_dataloader_internals.cache_clear()
@@ -42,7 +42,7 @@ def test_missing_torch_internal_is_named(monkeypatch):
     assert 'remove FastParallelHook' in message
     # with the internal back, the same call works
     loader = DataLoader([1, 2])
-    assert make_fast(loader) and type(loader) is FastDataLoader
+    assert switch_to_fast_loader(loader) and type(loader) is FastDataLoader
 
 
 @pytest.mark.parametrize('attr', ['_train_dataloader', '_randomness_cfg'])
@@ -74,9 +74,10 @@ def test_fused_optimizer_degrades_to_stock(monkeypatch):
         dict(params=[torch.zeros(2, requires_grad=True)]) for _ in range(3)
     ]
     optimizer = torch.optim.SGD(params, lr=0.1, momentum=0.9)
-    summary = fused_optim.fuse_optimizer(optimizer)
+    outcome = fused_optim.fuse_optimizer(optimizer)
     assert type(optimizer) is torch.optim.SGD
-    assert 'left stock' in summary and 'torch.optim.sgd.sgd' in summary
+    assert not outcome.done and 'torch.optim.sgd.sgd' in outcome.why
+    assert 'left stock' in str(outcome)
 
 
 def test_checks_leave_the_global_random_state_alone():

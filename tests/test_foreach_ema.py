@@ -78,9 +78,10 @@ def train_a_bit(model: nn.Module, gen: torch.Generator) -> None:
 def pair(cls: Callable, model: nn.Module, **kwargs) -> tuple:
     """A stock averaged model and a fused one, both of ``model``."""
     stock, fused = cls(model, **kwargs), cls(model, **kwargs)
-    summary = fuse_ema(fused)
-    assert is_fused_ema(fused) and not is_fused_ema(stock), summary
-    return stock, fused, summary
+    outcome = fuse_ema(fused)
+    assert is_fused_ema(fused) and not is_fused_ema(stock), outcome
+    assert outcome.done and outcome.name == f'EMA ({cls.__name__})'
+    return stock, fused, str(outcome)
 
 
 CASES = {
@@ -294,21 +295,23 @@ class Tied(nn.Module):
 def test_what_is_left_stock():
     small = Tied()
     custom = CustomEMA(small)
-    assert 'CustomEMA' in fuse_ema(custom) and 'left stock' in fuse_ema(custom)
+    outcome = fuse_ema(custom)
+    assert not outcome.done and outcome.name == 'EMA (CustomEMA)'
+    assert str(outcome) == f'EMA (CustomEMA): left stock: {outcome.why}'
     assert type(custom) is CustomEMA
     own = ExponentialMovingAverage(small)
     own.avg_func = lambda *args: None
-    assert 'its own avg_func' in fuse_ema(own)
+    assert fuse_ema(own).why == 'the instance sets its own avg_func'
     # a view of part of another averaged tensor: stock's sequence of
     # updates through both is not reproduced
     viewed = ExponentialMovingAverage(small, update_buffers=True)
     viewed.avg_parameters['bn.bias'] = viewed.avg_parameters['bn.weight'][1:]
-    assert 'overlap in part' in fuse_ema(viewed)
+    assert 'overlap in part' in fuse_ema(viewed).why
     assert type(viewed) is ExponentialMovingAverage
-    assert 'not a BaseAveragedModel' in fuse_ema(nn.Linear(2, 2))
+    assert fuse_ema(nn.Linear(2, 2)).why == 'not a BaseAveragedModel'
     # named_parameters() lists a tied weight once: that one fuses
     untied = ExponentialMovingAverage(small, update_buffers=False)
-    assert fuse_ema(untied) == (
+    assert str(fuse_ema(untied)) == (
         'EMA (ExponentialMovingAverage): 5 tensors in 1 multi-tensor '
         'update, 3 buffers in 2 multi-tensor copies')
 

@@ -53,7 +53,7 @@ def _twins(model: nn.Module, cfg: dict, device: str = 'cpu'):
     fused_model = copy.deepcopy(stock_model)
     stock = build_optim_wrapper(stock_model, copy.deepcopy(cfg))
     fused = build_optim_wrapper(fused_model, copy.deepcopy(cfg))
-    summary = fuse_optim_wrapper(fused)
+    summary = str(fuse_optim_wrapper(fused))
     return (stock_model, stock), (fused_model, fused), summary
 
 
@@ -500,9 +500,11 @@ def test_left_stock_with_a_reason():
     ]
     for optimizer, reason in cases:
         stock_type = type(optimizer)
-        summary = fuse_optimizer(optimizer)
-        assert reason in summary and 'left stock' in summary
+        outcome = fuse_optimizer(optimizer)
+        assert reason in str(outcome) and 'left stock' in str(outcome)
+        assert not outcome.done and outcome.name == 'optimizer'
         assert type(optimizer) is stock_type
+    assert fuse_optimizer(cases[1][0]).why == 'fused=True is out of scope'
 
 
 def test_fused_flag_set_later_runs_stock_step():
@@ -581,11 +583,13 @@ def test_nothing_to_fuse_stays_stock(groups):
     if groups == 1:
         params = [dict(params=list(net.head.parameters()), lr=0.01)]
     optimizer = torch.optim.SGD(params, lr=0.01, momentum=0.9)
-    summary = fuse_optimizer(optimizer)
+    outcome = fuse_optimizer(optimizer)
     assert type(optimizer) is torch.optim.SGD
-    assert summary == (f'optimizer: SGD {groups} group{"s" * (groups > 1)}, '
-                       'left stock (nothing to fuse: no two groups share '
-                       'their hyper-parameters)')
+    assert not outcome.done and outcome.why.startswith('nothing to fuse')
+    assert str(outcome) == (
+        f'optimizer: SGD {groups} group{"s" * (groups > 1)}, '
+        'left stock (nothing to fuse: no two groups share '
+        'their hyper-parameters)')
 
 
 def test_optim_wrapper_dict():
@@ -602,10 +606,12 @@ def test_optim_wrapper_dict():
     net = SmallNet()
     twin = copy.deepcopy(net)
     stock, fused = build(net), build(twin)
-    assert fuse_optim_wrapper(fused) == (
+    outcome = fuse_optim_wrapper(fused)
+    assert str(outcome) == (
         'backbone: optimizer: SGD 4 groups -> 2 fused steps; '
         'head: optimizer: AdamW 6 groups -> 2 fused steps, step counts '
         'read in one go')
+    assert outcome.done and [p.done for p in outcome.parts] == [True, True]
     for step in range(3):
         _set_grads([net, twin], step)
         for wrapper in (*stock.values(), *fused.values()):
@@ -630,7 +636,7 @@ def test_amp_optim_wrapper_loss_scaling(monkeypatch):
         wrapper = build_optim_wrapper(net, copy.deepcopy(cfg))
         wrapper.loss_scaler = torch.amp.GradScaler('cpu', init_scale=2.**8)
         if fuse:
-            assert 'SGD' in fuse_optim_wrapper(wrapper)
+            assert 'SGD' in str(fuse_optim_wrapper(wrapper))
         arms.append((net, wrapper))
     for step in range(4):
         for net, wrapper in arms:

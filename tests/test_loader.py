@@ -7,7 +7,7 @@ from mmengine.dataset import pseudo_collate
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from fast_parallel import PackedBatch, packed_collate
-from fast_parallel.data.loader import FastDataLoader, make_fast
+from fast_parallel.data.loader import FastDataLoader, switch_to_fast_loader
 
 
 class Draws(Dataset):
@@ -86,13 +86,31 @@ def test_iterable_datasets_keep_torch_next():
         list(range(5))
 
 
-def test_make_fast_switches_only_plain_dataloaders():
+def test_switch_to_fast_loader_switches_only_plain_dataloaders():
     plain = DataLoader(Draws(), batch_size=2)
-    assert make_fast(plain) and type(plain) is FastDataLoader
-    assert not make_fast(plain)  # already fast
+    assert switch_to_fast_loader(plain) and type(plain) is FastDataLoader
+    assert not switch_to_fast_loader(plain)  # already fast
 
     class Custom(DataLoader):
         pass
 
     custom = Custom(Draws(), batch_size=2)
-    assert not make_fast(custom) and type(custom) is Custom
+    assert not switch_to_fast_loader(custom) and type(custom) is Custom
+
+
+def test_an_inherited_base_seed_is_taken_by_one_iterator():
+    """A rebuilt loader's first iterator gives its workers its
+    predecessor's base seed; the next ones (one per pass over the data
+    without persistent workers) draw their own, as stock's do, and the
+    global generator moves as in stock."""
+    from fast_parallel.data.loader import FastDataLoader
+    from fast_parallel.data.loader_state import loader_state
+    stock = torch.utils.data.DataLoader(list(range(8)), batch_size=2)
+    fast = FastDataLoader(list(range(8)), batch_size=2)
+    loader_state(fast).base_seed = 12345
+    torch.manual_seed(3)
+    stock_seeds = [iter(stock)._base_seed for _ in range(3)]
+    torch.manual_seed(3)
+    fast_seeds = [iter(fast)._base_seed for _ in range(3)]
+    assert fast_seeds == [12345] + stock_seeds[1:]
+    assert loader_state(fast).base_seed is None

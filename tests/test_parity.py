@@ -315,3 +315,50 @@ def test_parity_training_order_aspect_ratio_sampler(mixed_coco, tmp_path,
     assert code == 0, printed
     assert 'result: IDENTICAL' in printed
     assert report['ok'] is True and report['verdict'] == 'IDENTICAL'
+
+
+def test_cuda_determinism_sets_the_cublas_workspace_or_says_what_to_set():
+    from fast_parallel.parity.runner import cuda_determinism
+    env = {}
+    note = cuda_determinism(
+        True, env, cuda_available=True, cuda_initialized=False)
+    assert env == {'CUBLAS_WORKSPACE_CONFIG': ':4096:8'}
+    assert 'CUBLAS_WORKSPACE_CONFIG=:4096:8' in note
+    # already set (by the user, or by the first call): left as it is
+    env = {'CUBLAS_WORKSPACE_CONFIG': ':16:8'}
+    assert cuda_determinism(
+        True, env, cuda_available=True, cuda_initialized=True) is None
+    assert env == {'CUBLAS_WORKSPACE_CONFIG': ':16:8'}
+    # CUDA started before: too late to set, so it says what to export
+    with pytest.raises(RuntimeError, match='export CUBLAS_WORKSPACE_CONFIG'):
+        cuda_determinism(True, {}, cuda_available=True, cuda_initialized=True)
+    # no CUDA, or not deterministic: nothing to do
+    for deterministic, cuda in ((True, False), (False, True)):
+        env = {}
+        assert cuda_determinism(
+            deterministic, env, cuda_available=cuda,
+            cuda_initialized=False) is None
+        assert env == {}
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs CUDA (mixed precision)')
+def test_amp_parity_on_cuda(sample_data, tmp_path, capsys):
+    """The documented AMP parity run: both runs under AmpOptimWrapper, the
+    targets batched for float16 outputs, every value identical."""
+    code = parity.main([
+        CONFIGS['yolox'], '--iters', '2', '--amp', '--work-dir',
+        str(tmp_path), '--cfg-options', *parity_options('yolox', sample_data)
+    ])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert 'result: IDENTICAL' in printed
+    log = (tmp_path / 'fast' / 'output.log').read_text()
+    assert 'AmpOptimWrapper' in log
+    assert 'computed the stock way' not in log
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='--amp works here')
+def test_amp_parity_without_gpu_is_a_clear_error():
+    with pytest.raises(SystemExit, match='--amp needs a GPU'):
+        parity.main([CONFIGS['yolox'], '--iters', '1', '--amp'])

@@ -29,16 +29,16 @@ def stock_batch(dataset, b, size):
 
 
 def test_slots_are_reused_and_batches_stay_exact():
-    before = dict(ring_module.STATS)
+    before = dict(ring_module.RECEIVED_COUNTS)
     dataset = Clouds()
     loader = DataLoader(
         dataset, batch_size=3, num_workers=2, collate_fn=packed_collate)
     for b, packed in enumerate(loader):
         assert_same_tree(packed.to('cpu').unpack(), stock_batch(dataset, b, 3))
         del packed
-    sent = ring_module.STATS['storages'] - before['storages']
-    reused = ring_module.STATS['reused'] - before['reused']
-    assert sent >= 1 and reused >= 8, ring_module.STATS
+    sent = ring_module.RECEIVED_COUNTS['storages'] - before['storages']
+    reused = ring_module.RECEIVED_COUNTS['reused'] - before['reused']
+    assert sent >= 1 and reused >= 8, ring_module.RECEIVED_COUNTS
     assert sent + reused == len(dataset) // 3
 
 
@@ -63,11 +63,14 @@ def test_slot_flag_clears_when_the_last_view_goes():
         batch_size=2,
         num_workers=1,
         collate_fn=PackedCollate(ring=SharedRing(1)))
-    known = set(ring_module._CACHE)
+    known = set(ring_module._RECEIVED_SLOTS)
     it = iter(loader)
     batch = next(it).unpack()
     del it  # workers stop: from here only this process touches the flag
-    new = [ring_module._CACHE[k] for k in set(ring_module._CACHE) - known]
+    new = [
+        ring_module._RECEIVED_SLOTS[k]
+        for k in set(ring_module._RECEIVED_SLOTS) - known
+    ]
     assert len(new) == 1
     flag = new[0][1]
     points = batch['inputs']['points'][0]

@@ -474,3 +474,44 @@ def test_op_figures_car_full_map(capsys):
     with capsys.disabled():
         print('\n' + '\n'.join(rows))
     assert rows[1].split()[3] == rows[3].split()[3]  # batched: same count
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_half_outputs_are_batched_and_equal_stock(dtype):
+    """Under AMP the head's outputs are half; its anchors (made in float32
+    by ``get_anchors``) and the ground truths are not, so the targets are the
+    float32 ones: every sample batched, losses and gradients stock's bits."""
+    from fast_parallel.step.targets.switch import switch_targets
+    torch.manual_seed(0)
+    stock_head = build_head(CAR)
+    fast_head = copy.deepcopy(stock_head)
+    _, (stats, ) = switch_targets(fast_head)
+    anchors = flat_anchors(stock_head)
+    gen = torch.Generator().manual_seed(4)
+    for seed in range(3):
+        batch = make_batch(seed, stock_head, anchors, counts=[0, 3, 12, 1])
+        feats = [torch.randn(4, 384, *SMALL_MAP[::-1], generator=gen)]
+        metas = [dict(box_type_3d=type(g.bboxes_3d)) for g in batch]
+        results = []
+        for head in (stock_head, fast_head):
+            head.zero_grad()
+            outs = [[o.to(dtype) for o in level] for level in head(feats)]
+            losses = head.loss_by_feat(*outs, copy.deepcopy(batch), metas)
+            total = sum(
+                v if isinstance(v, torch.Tensor) else sum(v)
+                for v in losses.values())
+            total.backward()
+            results.append((losses, {
+                n: p.grad.clone()
+                for n, p in head.named_parameters() if p.grad is not None
+            }))
+        (stock_losses, stock_grads), (fast_losses, fast_grads) = results
+        for name, value in stock_losses.items():
+            for a, b in zip(
+                    value if isinstance(value, list) else [value],
+                    fast_losses[name]
+                    if isinstance(value, list) else [fast_losses[name]]):
+                assert a.dtype == b.dtype and torch.equal(a, b), name
+        for name, grad in stock_grads.items():
+            assert torch.equal(grad, fast_grads[name]), name
+    assert (stats.samples, stats.stock) == (12, 0)

@@ -228,9 +228,13 @@ def test_border_check_and_options() -> None:
         assert_same_targets(stock, fast, f'rpn options {seed}')
 
 
-def test_loss_by_feat_and_positive_infos() -> None:
+@pytest.mark.parametrize('dtype',
+                         [torch.float32, torch.float16, torch.bfloat16])
+def test_loss_by_feat_and_positive_infos(dtype) -> None:
     """The switched heads' losses equal stock's; ``_raw_positive_infos``
-    holds sampling results equal to stock's."""
+    holds sampling results equal to stock's. Also with half outputs, as
+    under AMP: the anchors (float32) and ground truths decide the targets,
+    so every image is batched."""
     for which, config in (('retina', RETINA), ('rpn', FASTER)):
         head = _build(config, which)
         fast = copy.deepcopy(head)
@@ -249,7 +253,7 @@ def test_loss_by_feat_and_positive_infos() -> None:
                 width // s,
                 generator=gen) for s in strides
         ]
-        outs = head(feats)
+        outs = [[o.to(dtype) for o in level] for level in head(feats)]
         torch.manual_seed(0)
         stock = head.loss_by_feat(*outs, gts, metas)
         stock_infos = head._raw_positive_infos['sampling_results']

@@ -352,8 +352,8 @@ def test_loss_and_gradients_equal_stock() -> None:
     gradients of the head's outputs as the stock head's."""
     head = copy.deepcopy(HEADS[80])
     fast = copy.deepcopy(head)
-    line, _ = switch_targets(fast)
-    assert line == \
+    outcome, _ = switch_targets(fast)
+    assert str(outcome) == \
         'targets: RTMDetSepBNHead/DynamicSoftLabelAssigner batched'
     feats = _features(head, 4, 256, 0)
     gts, metas = _batch(4, 256, [5, 0, 17, 2], 0)

@@ -229,3 +229,43 @@ def test_an_uncovered_head_is_named_in_the_start_line(sample_data, tmp_path):
     assert line.endswith(
         '; targets: PlainYOLOXHead/SimOTAAssigner stock (not covered)')
     assert 'batched for' not in log
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_yolox_half_outputs_are_batched_and_equal_stock(dtype):
+    """Under AMP the head's outputs are half: YOLOXHead (80 classes, 320
+    px), batches of 4 images with random boxes, outputs cast as autocast
+    gives them. Every image is batched (none the stock way), and the losses
+    and every gradient are stock's bits."""
+    torch.manual_seed(0)
+    stock_head = _yolox(num_classes=80, width=32)
+    fast_head = copy.deepcopy(stock_head)
+    _, (stats, ) = switch_targets(fast_head)
+    gen, rng = torch.Generator().manual_seed(2), random.Random(2)
+    size = 320
+    for case in range(3):
+        gts, metas = _batch(gen, rng, 4, size, 80)
+        feats = [
+            torch.randn(4, 32, size // s, size // s, generator=gen)
+            for s in (8, 16, 32)
+        ]
+        results = []
+        for head in (stock_head, fast_head):
+            head.zero_grad()
+            outs = [[o.to(dtype) for o in level]
+                    for level in head(tuple(feats))]
+            losses = head.loss_by_feat(*outs, gts, metas)
+            sum(losses.values()).backward()
+            results.append((losses, {
+                n: p.grad.clone()
+                for n, p in head.named_parameters() if p.grad is not None
+            }))
+        (stock_losses, stock_grads), (fast_losses, fast_grads) = results
+        for name, value in stock_losses.items():
+            other = fast_losses[name]
+            assert value.dtype == other.dtype, name
+            assert torch.equal(value, other), (case, name)
+        assert list(stock_grads) == list(fast_grads)
+        for name, grad in stock_grads.items():
+            assert torch.equal(grad, fast_grads[name]), (case, name)
+    assert (stats.samples, stats.stock) == (12, 0)

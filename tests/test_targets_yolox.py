@@ -166,6 +166,12 @@ def stock_targets(head, priors, cls, boxes, obj, gts, ignore=None) -> tuple:
                        obj, gts, [{}] * num_imgs, ignore or [None] * num_imgs)
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """A float tensor's bits, as integers of its width."""
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.contiguous().view(ints[t.element_size()])
+
+
 def assert_same(stock: tuple, fast: tuple, where: str) -> None:
     """Same lists, dtypes, shapes and bits."""
     assert len(stock) == len(fast) == 6
@@ -180,12 +186,15 @@ def assert_same(stock: tuple, fast: tuple, where: str) -> None:
             assert a.device == b.device, at
             assert torch.equal(a, b), at
             if a.is_floating_point():  # the sign of zeros too
-                assert torch.equal(a.contiguous().view(torch.int32),
-                                   b.contiguous().view(torch.int32)), at
+                assert torch.equal(bits(a), bits(b)), at
 
 
-def _check(seed: int, device: str) -> Tuple[int, int]:
+def _check(seed: int,
+           device: str,
+           dtype: torch.dtype = torch.float32) -> Tuple[int, int]:
     head, priors, cls, boxes, obj, gts, tie = make_case(seed, device)
+    # the head's outputs in ``dtype`` (under AMP: float16); gts float32
+    priors, cls, boxes, obj = (t.to(dtype) for t in (priors, cls, boxes, obj))
     stock = stock_targets(head, priors, cls, boxes, obj, gts)
     fast, fallbacks = yolox_targets(head, priors, cls, boxes, obj, gts,
                                     [{}] * len(gts))
@@ -200,6 +209,15 @@ def test_matches_stock(block: int) -> None:
     """240 generated batches: every corner case of the module docstring."""
     for seed in range(block * CASES_PER_TEST, (block + 1) * CASES_PER_TEST):
         _check(seed, 'cpu')
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize('block', range(3))
+def test_half_outputs_match_stock(block: int, dtype: torch.dtype) -> None:
+    """Half-precision outputs (AMP), stock and batched on the same half
+    tensors: the same results, dtypes included."""
+    for seed in range(block * CASES_PER_TEST, (block + 1) * CASES_PER_TEST):
+        _check(seed, 'cpu', dtype)
 
 
 @pytest.mark.parametrize('device', DEVICES)

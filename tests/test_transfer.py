@@ -154,7 +154,7 @@ class Samples(Dataset):
 
 
 def test_ring_batches_are_pinned_by_copy_and_release_their_slot():
-    before = dict(ring_module.STATS)
+    before = dict(ring_module.RECEIVED_COUNTS)
     loader = DataLoader(
         Samples(), batch_size=2, num_workers=1, collate_fn=packed_collate)
     for b, packed in enumerate(loader):
@@ -163,7 +163,7 @@ def test_ring_batches_are_pinned_by_copy_and_release_their_slot():
         assert pinned.pinned
         stock = pseudo_collate([Samples()[i] for i in (2 * b, 2 * b + 1)])
         assert_same_tree(pinned.unpack(), stock)
-    after = ring_module.STATS
+    after = ring_module.RECEIVED_COUNTS
     assert after['storages'] + after['reused'] - sum(before.values()) == 2
 
 

@@ -8,10 +8,11 @@ Usage:
         [--json OUT.json] [--plot OUT.png]
     python tools/benchmark.py --ops [--presets yolox_s pointpillars]
         [--ops-iters 3] [--ops-warmup 1] [--ops-sweep 2 8 16]
-        [--data data/bench] [--quick]
+        [--data data/bench] [--configs-root .] [--quick]
     python tools/benchmark.py --train [--train-preset yolox_s]
         [--arms stock stock+pin_memory fast] [--train-iters 50]
-        [--train-warmup 10] [--repeats 3] [--data data/bench] [--quick]
+        [--train-warmup 10] [--repeats 3] [--data data/bench]
+        [--configs-root .] [--quick]
         [--cfg-options KEY=VALUE ...] [--json OUT.json] [--plot OUT.png]
 
 By default: the data path, stock and fast runs alternating in this process
@@ -22,10 +23,11 @@ configs, GPU bandwidth): :mod:`fast_parallel.bench.datapath`, its tables
 ``--ops`` (operations per training iteration, :mod:`fast_parallel.bench.ops`)
 and ``--train`` (full training iterations in fresh processes,
 :mod:`fast_parallel.bench.train_time`) run instead, on ``--data`` (default
-``data/bench``, made with ``tools/make_sample_data.py`` when missing;
-:mod:`fast_parallel.bench.modes`). ``--quick``: the small sample configs on
-``data/sample``, a few iterations, one repeat (for tests). How to read the
-results: ``docs/benchmark.md``.
+``data/bench`` of this clone, made as ``tools/make_sample_data.py`` makes it
+when missing; :mod:`fast_parallel.bench.modes`), with the repository configs
+of ``--configs-root`` (default: this clone). ``--quick``: the small sample
+configs on ``data/sample``, a few iterations, one repeat (for tests). How to
+read the results: ``docs/benchmark.md``.
 """
 import argparse
 import json
@@ -42,7 +44,7 @@ from fast_parallel.bench.modes import run_modes
 from fast_parallel.bench.plot import plot, plot_train
 from fast_parallel.bench.report import format_report, noise_warnings
 
-#: The repository (the configs, data/ and tools/ it names are found here).
+#: The clone this tool is in: the default home of the configs and data.
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
@@ -114,8 +116,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         '--data',
         default=None,
-        help='data folder of --ops/--train (made if missing; '
-        'default data/bench, data/sample with --quick)')
+        help='data folder of --ops/--train (made if missing; default '
+        'data/bench of this clone, data/sample with --quick)')
+    parser.add_argument(
+        '--configs-root',
+        default=ROOT,
+        help='the folder holding the repository configs (configs/...) '
+        'that --configs, --ops and --train run (default: this clone)')
     parser.add_argument(
         '--cfg-options',
         nargs='+',
@@ -163,7 +170,7 @@ def main(argv=None) -> dict:
                 if device.type == 'cuda' else str(device)))
     modes = args.ops or args.train
     if modes:
-        results = run_modes(args, machine, device, ROOT)
+        results = run_modes(args, machine, device)
     else:
         results = measure(
             machine,
@@ -178,7 +185,7 @@ def main(argv=None) -> dict:
             quick=args.quick,
             configs=args.configs,
             config_iters=args.config_iters,
-            root=ROOT)
+            configs_root=args.configs_root)
         results['warnings'] = noise_warnings(results, args.quick)
         print(format_report(results))
     if args.json:

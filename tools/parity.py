@@ -3,7 +3,7 @@
 Usage:
     python tools/parity.py CONFIG --iters N [--eval] [--atol A] [--seed S]
         [--out REPORT.json] [--work-dir DIR] [--cfg-options KEY=VALUE ...]
-        [--fast-hooks HOOK_TYPE ...] [--no-deterministic]
+        [--fast-hooks HOOK_TYPE ...] [--no-deterministic] [--amp]
 
 Trains N iterations twice from the same seed with deterministic settings:
 the stock path (pseudo_collate, mmengine's own wrapping) and the fast path
@@ -35,8 +35,9 @@ from tqdm import tqdm
 
 # The installed fast_parallel (pip install -e . to run a clone's edits).
 import fast_parallel  # noqa: F401
+from fast_parallel.cli import use_amp
 from fast_parallel.parity.report import format_table, grad_norm_note
-from fast_parallel.parity.runner import run_parity
+from fast_parallel.parity.runner import cuda_determinism, run_parity
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -69,6 +70,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         action=DictAction,
         help='override settings of both runs, key=value')
     parser.add_argument(
+        '--amp',
+        action='store_true',
+        help='both runs in mixed precision (AmpOptimWrapper, as '
+        'tools/train.py --amp); needs a GPU')
+    parser.add_argument(
         '--fast-hooks',
         nargs='+',
         default=[],
@@ -86,6 +92,11 @@ def main(argv=None) -> int:
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
+    if args.amp:
+        use_amp(cfg, 'tools/parity.py')
+    note = cuda_determinism(args.deterministic)
+    if note:
+        print(f'tools/parity.py: {note}', file=sys.stderr)
     name = osp.splitext(osp.basename(args.config))[0]
     work_dir = args.work_dir or osp.join('work_dirs', 'parity', name)
     with tqdm(

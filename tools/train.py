@@ -17,7 +17,8 @@ from mmengine.config import Config
 # The installed fast_parallel, as mmdet's tools use the installed mmdet: to
 # run a clone's edits, install it editable (pip install -e .).
 import fast_parallel  # noqa: F401  (registers, allow-lists checkpoints)
-from fast_parallel.cli import build_runner, load_config, parse_common_args
+from fast_parallel.cli import (build_runner, load_config, parse_common_args,
+                               use_amp)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -41,28 +42,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parse_common_args(parser, argv)
 
 
-def _check_amp_device() -> None:
-    """``--amp`` needs an accelerator: say so before mmengine asserts."""
-    import torch
-    from mmengine.device import (is_mlu_available, is_musa_available,
-                                 is_npu_available)
-    if not (torch.cuda.is_available() or is_npu_available()
-            or is_mlu_available() or is_musa_available()):
-        raise SystemExit(
-            'tools/train.py: --amp needs a GPU: mmengine\'s AmpOptimWrapper '
-            'trains in mixed precision on CUDA (or NPU/MLU/MUSA) devices '
-            'only, and this machine has none. Train without --amp here.')
-
-
 def build_config(args: argparse.Namespace) -> Config:
     """The config with every command-line switch applied."""
     cfg = load_config(args)
     if args.amp:
-        _check_amp_device()
-        optim_wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
-        if optim_wrapper != 'AmpOptimWrapper':
-            cfg.optim_wrapper.type = 'AmpOptimWrapper'
-            cfg.optim_wrapper.loss_scale = 'dynamic'
+        use_amp(cfg, 'tools/train.py')
     if args.auto_scale_lr:
         if 'auto_scale_lr' not in cfg or 'base_batch_size' not in \
                 cfg.auto_scale_lr:

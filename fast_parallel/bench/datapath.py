@@ -4,11 +4,10 @@ Main-process time per batch, worker-side collate time, copies and bytes per
 batch, optionally whole iterations of the small configs, and on GPUs the
 pinned host-to-device bandwidth; see ``docs/benchmark.md``.
 """
-import os.path as osp
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 import torch
 from mmengine.dataset import pseudo_collate
@@ -16,7 +15,6 @@ from mmengine.model import BaseDataPreprocessor
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from fast_parallel.bench.presets import ROOT
 from fast_parallel.bench.synthetic import pointpillars_samples, yolox_samples
 from fast_parallel.data.collate import packed_collate
 from fast_parallel.data.loader import FastDataLoader
@@ -191,7 +189,7 @@ def transfer_figures(samples: list) -> Dict[str, Dict[str, int]]:
 
 def config_iterations(iters: int,
                       repeats: int,
-                      root: str = ROOT) -> Dict[str, dict]:
+                      configs_root: str = '.') -> Dict[str, dict]:
     """Seconds per training iteration of the small configs, both paths.
 
     Needs ``data/sample`` (made by ``tools/make_sample_data.py``); the first
@@ -200,8 +198,8 @@ def config_iterations(iters: int,
     Args:
         iters (int): Iterations per run.
         repeats (int): Runs per path, alternating stock and fast.
-        root (str): The repository (the configs are relative to it).
-            Defaults to :data:`~fast_parallel.bench.presets.ROOT`.
+        configs_root (str): The folder holding the repository's
+            ``configs/`` (a clone's root). Defaults to the current directory.
 
     Returns:
         dict[str, dict]: By config kind: ``s_per_iter``, ``samples_per_s``
@@ -209,6 +207,7 @@ def config_iterations(iters: int,
     """
     from mmengine.config import Config
 
+    from fast_parallel.bench.presets import config_path
     from fast_parallel.parity.runner import parity_config, run_once
     configs = {
         'yolox':
@@ -218,7 +217,7 @@ def config_iterations(iters: int,
     }
     out = {}
     for kind, path in configs.items():
-        cfg = Config.fromfile(osp.join(root, path))
+        cfg = Config.fromfile(config_path(path, configs_root))
         cfg.log_level = 'WARNING'
         times: Dict[str, List[float]] = {p: [] for p in PATHS}
         per_repeat: Dict[str, List[float]] = {p: [] for p in PATHS}
@@ -288,7 +287,7 @@ def measure(machine: dict,
             quick: bool = False,
             configs: bool = False,
             config_iters: int = 10,
-            root: Optional[str] = None) -> dict:
+            configs_root: str = '.') -> dict:
     """Every data-path measurement, stock and fast runs alternating.
 
     Warm-up apart from measurement, medians and ratios; between batches the
@@ -309,8 +308,8 @@ def measure(machine: dict,
         configs (bool): Also time whole iterations of the small configs
             (:func:`config_iterations`). Defaults to False.
         config_iters (int): Iterations per config run. Defaults to 10.
-        root (str, optional): The repository, for ``configs``. Defaults to
-            :data:`~fast_parallel.bench.presets.ROOT`.
+        configs_root (str): The folder holding the repository's
+            ``configs/``, for ``configs``. Defaults to the current directory.
 
     Returns:
         dict: ``machine``, ``settings``, ``data_path``, ``collate``,
@@ -358,7 +357,7 @@ def measure(machine: dict,
             ratio=col['fast'] / col['stock'])
         results['transfers'][shape] = transfer_figures(samples[shape])
     if configs:
-        results['iterations'] = config_iterations(config_iters, repeats, root
-                                                  or ROOT)
+        results['iterations'] = config_iterations(config_iters, repeats,
+                                                  configs_root)
     results['gpu'] = gpu_section()
     return results

@@ -1,10 +1,11 @@
 """``--ops`` and ``--train`` of ``tools/benchmark.py``: run, print tables.
 
-Both read a data folder, made with ``tools/make_sample_data.py`` when
-missing (:func:`ensure_data`).
+Both read a data folder, made by
+:func:`~fast_parallel.bench.sample_data.make_sample_data` when missing
+(:func:`ensure_data`), and the repository configs under
+``args.configs_root`` (:func:`~fast_parallel.bench.presets.config_path`).
 """
 import argparse
-import importlib.util
 import json
 import os.path as osp
 import subprocess
@@ -14,55 +15,48 @@ import tempfile
 import torch
 from tqdm import tqdm
 
-from fast_parallel.bench.presets import ROOT
 
-
-def ensure_data(root: str, quick: bool, repo: str = ROOT) -> str:
-    """The benchmark data folder, made by tools/make_sample_data.py if needed.
+def ensure_data(root: str, quick: bool) -> str:
+    """The benchmark data folder, made (as ``tools/make_sample_data.py``
+    makes it) if needed.
 
     Args:
         root (str): The folder.
         quick (bool): Small sample images (the tests' data) instead of
             COCO-size ones.
-        repo (str): The repository holding ``tools/make_sample_data.py``.
-            Defaults to :data:`~fast_parallel.bench.presets.ROOT`.
 
     Returns:
         str: ``root``, absolute.
     """
-    spec = importlib.util.spec_from_file_location(
-        'make_sample_data', osp.join(repo, 'tools', 'make_sample_data.py'))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    from fast_parallel.bench.sample_data import make_sample_data
     if quick:
-        out = tool.make_sample_data(root)
+        out = make_sample_data(root)
     else:
-        out = tool.make_sample_data(
+        out = make_sample_data(
             root, coco_images=64, kitti_frames=12, coco_size=(480, 640))
     return str(out)
 
 
 def _count_in_subprocess(args: argparse.Namespace, name: str, size: int,
-                         data: str, repo: str) -> dict:
-    """One sweep point, counted by ``tools/benchmark.py --ops`` in a new
-    process (a run at a large batch leaves much memory behind)."""
+                         data: str) -> dict:
+    """One sweep point, counted by ``python -m fast_parallel.bench.ops`` in
+    a new process (a run at a large batch leaves much memory behind)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = osp.join(tmp, 'ops.json')
         options = [f'{k}={v}' for k, v in (args.cfg_options or {}).items()]
         command = [
-            sys.executable,
-            osp.join(repo, 'tools', 'benchmark.py'), '--ops', '--presets',
-            name, '--data', data, '--ops-iters',
-            str(args.ops_iters), '--ops-warmup',
-            str(args.ops_warmup), '--json', out, '--cfg-options',
+            sys.executable, '-m', 'fast_parallel.bench.ops', name, out,
+            '--data', data, '--configs-root', args.configs_root, '--iters',
+            str(args.ops_iters), '--warmup',
+            str(args.ops_warmup), '--cfg-options',
             f'train_dataloader.batch_size={size}', *options
         ]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
         with open(out) as f:
-            return json.load(f)['ops'][name]
+            return json.load(f)
 
 
-def ops_section(args: argparse.Namespace, data: str, repo: str = ROOT) -> dict:
+def ops_section(args: argparse.Namespace, data: str) -> dict:
     """``--ops``: op counts of each preset, stock vs fast.
 
     With ``--ops-sweep`` the presets of ``--sweep-presets`` are counted again
@@ -71,11 +65,9 @@ def ops_section(args: argparse.Namespace, data: str, repo: str = ROOT) -> dict:
 
     Args:
         args (argparse.Namespace): The command line (``presets``,
-            ``cfg_options``, ``ops_iters``, ``ops_warmup``, ``ops_sweep``,
-            ``sweep_presets``).
+            ``configs_root``, ``cfg_options``, ``ops_iters``, ``ops_warmup``,
+            ``ops_sweep``, ``sweep_presets``).
         data (str): The data folder.
-        repo (str): The repository. Defaults to
-            :data:`~fast_parallel.bench.presets.ROOT`.
 
     Returns:
         dict: :func:`~fast_parallel.bench.ops.count_preset`, by preset; with
@@ -87,13 +79,13 @@ def ops_section(args: argparse.Namespace, data: str, repo: str = ROOT) -> dict:
     sweep: dict = {}
     sizes = sorted(set(args.ops_sweep or []))
     for name in args.presets:
-        cfg = load_preset(name, data)
+        cfg = load_preset(name, data, args.configs_root)
         if args.cfg_options:
             cfg.merge_from_dict(args.cfg_options)
         if name in args.sweep_presets:
             for size in sizes:
                 sweep.setdefault(name, {})[size] = _count_in_subprocess(
-                    args, name, size, data, repo)
+                    args, name, size, data)
         own = cfg.train_dataloader.batch_size
         out[name] = sweep[name][own] if own in sweep.get(
             name, {}) else count_preset(cfg, args.ops_iters, args.ops_warmup,
@@ -103,23 +95,20 @@ def ops_section(args: argparse.Namespace, data: str, repo: str = ROOT) -> dict:
     return out
 
 
-def train_section(args: argparse.Namespace,
-                  data: str,
-                  repo: str = ROOT) -> dict:
+def train_section(args: argparse.Namespace, data: str) -> dict:
     """``--train``: end-to-end iteration times of the arms.
 
     Args:
         args (argparse.Namespace): The command line (``train_preset``,
-            ``cfg_options``, ``arms``, ``repeats``, ``train_iters``,
-            ``train_warmup``).
+            ``configs_root``, ``cfg_options``, ``arms``, ``repeats``,
+            ``train_iters``, ``train_warmup``).
         data (str): The data folder.
-        repo (str): The repository (the preset's config is relative to it).
-            Defaults to :data:`~fast_parallel.bench.presets.ROOT`.
 
     Returns:
         dict: :func:`~fast_parallel.bench.train_time.run_arms`.
     """
-    from fast_parallel.bench.presets import PRESETS, preset_options
+    from fast_parallel.bench.presets import (PRESETS, config_path,
+                                             preset_options)
     from fast_parallel.bench.train_time import run_arms
     config = PRESETS[args.train_preset].config
     if '::' in config:
@@ -131,7 +120,7 @@ def train_section(args: argparse.Namespace,
     total = len(args.arms) * args.repeats
     with tqdm(total=total, desc='train arms', file=sys.stderr) as bar:
         return run_arms(
-            osp.join(repo, config),
+            config_path(config, args.configs_root),
             args.arms,
             args.train_iters,
             args.train_warmup,
@@ -140,19 +129,16 @@ def train_section(args: argparse.Namespace,
             progress=bar.update)
 
 
-def run_modes(args: argparse.Namespace,
-              machine: dict,
-              device: torch.device,
-              repo: str = ROOT) -> dict:
+def run_modes(args: argparse.Namespace, machine: dict,
+              device: torch.device) -> dict:
     """``--ops`` and/or ``--train``: run each, print its table.
 
     Args:
         args (argparse.Namespace): The command line (``ops``, ``train``,
-            ``data``, ``quick`` and what the sections read).
+            ``data``, ``quick``, ``configs_root`` and what the sections
+            read).
         machine (dict): What the results name as the machine.
         device (torch.device): The device the runs use.
-        repo (str): The repository. Defaults to
-            :data:`~fast_parallel.bench.presets.ROOT`.
 
     Returns:
         dict: ``machine``, then ``ops`` and / or ``train``.
@@ -162,9 +148,9 @@ def run_modes(args: argparse.Namespace,
     results: dict = dict(machine=machine)
     where = f'{machine["device"]}, {machine["cpus"]} CPUs, torch ' \
         f'{machine["torch"]}'
-    data = ensure_data(args.data, args.quick, repo)  # both modes read it
+    data = ensure_data(args.data, args.quick)  # both modes read it
     if args.ops:
-        results['ops'] = ops_section(args, data, repo)
+        results['ops'] = ops_section(args, data)
         sweep = results['ops'].pop('sweep', None)
         print(format_ops(results['ops']))
         if sweep:
@@ -172,7 +158,7 @@ def run_modes(args: argparse.Namespace,
             print()
             print(format_sweep(sweep))
     if args.train:
-        results['train'] = train_section(args, data, repo)
+        results['train'] = train_section(args, data)
         print(
             format_train(results['train'], where, cuda=device.type == 'cuda'))
         if args.quick:

@@ -8,13 +8,20 @@ from the same seed (so on the same batches), with the optimizer's
 iteration;
 the first ``warmup`` are left out of the medians (the optimizer creates its
 state in the first step).
+
+Count one preset in a process of its own (what ``--ops-sweep`` does)::
+
+    python -m fast_parallel.bench.ops PRESET OUT.json --data DIR \
+        [--configs-root DIR] [--iters 3] [--warmup 1] [--cfg-options ...]
 """
+import argparse
 import copy
+import json
 import statistics
 from collections import Counter
-from typing import Dict, List
+from typing import Dict, List, Optional, Sequence
 
-from mmengine.config import Config
+from mmengine.config import Config, DictAction
 from mmengine.runner import Runner
 
 from fast_parallel.bench.opcount import PHASES, count_iteration_ops
@@ -220,3 +227,34 @@ def format_sweep(sweeps: Dict[str, Dict[int, dict]]) -> str:
                 f'{r["stock"]["items"]:.0f} / {r["fast"]["items"]:.0f} | '
                 f'{growth} |')
     return '\n'.join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Counts one preset and writes :func:`count_preset`'s result as JSON
+    (the child process of a sweep)."""
+    from fast_parallel.bench.presets import PRESETS, load_preset
+    parser = argparse.ArgumentParser(description='operation counts of one '
+                                     'benchmark preset, stock vs fast')
+    parser.add_argument('preset', choices=list(PRESETS))
+    parser.add_argument('out', help='write the counts here (JSON)')
+    parser.add_argument('--data', required=True, help='the data folder')
+    parser.add_argument(
+        '--configs-root',
+        default='.',
+        help='the folder the repository configs (configs/...) are in '
+        '(default: the current directory)')
+    parser.add_argument('--iters', type=int, default=3)
+    parser.add_argument('--warmup', type=int, default=1)
+    parser.add_argument('--work-dir', default='work_dirs/benchmark_ops')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    args = parser.parse_args(argv)
+    cfg = load_preset(args.preset, args.data, args.configs_root)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    counts = count_preset(cfg, args.iters, args.warmup, args.work_dir)
+    with open(args.out, 'w') as f:
+        json.dump(counts, f)
+
+
+if __name__ == '__main__':
+    main()

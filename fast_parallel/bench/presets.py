@@ -6,6 +6,11 @@ overrides for a CPU machine without network. A repository config is on the
 fast path already; an upstream one (``mmdet::...``, ``mmdet3d::...``) gets
 the two config lines a user adds (``custom_imports`` and
 ``FastParallelHook``), nothing else of the fast path.
+
+Repository configs (``configs/...``) are read from a configs root, a clone's
+root: ``tools/benchmark.py`` passes its own clone (``--configs-root``), and
+the functions here default to the current directory, so that an installed
+fast_parallel finds them too (``docs/tools.md``).
 """
 import ast
 import os.path as osp
@@ -14,13 +19,13 @@ from typing import Any, Dict, List, NamedTuple, Tuple, Union
 
 from mmengine.config import Config
 
-#: The repository root (repository configs are relative to it).
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+PathLike = Union[str, Path]
 
 
 class Preset(NamedTuple):
     """A config of the benchmarks."""
-    #: A path relative to the repository, or ``mmdet::`` / ``mmdet3d::``.
+    #: A repository config, ``configs/...`` (see :func:`config_path`), or
+    #: ``mmdet::`` / ``mmdet3d::``.
     config: str
     #: 'yolox', 'mmdet', 'kitti' or 'nuscenes' (see :func:`data_options`).
     data: str
@@ -66,7 +71,7 @@ PRESETS: Dict[str, Preset] = {
 }
 
 
-def data_options(kind: str, root: Union[str, Path]) -> List[str]:
+def data_options(kind: str, root: PathLike) -> List[str]:
     """``--cfg-options`` pointing a config's data at ``root``.
 
     Args:
@@ -117,7 +122,7 @@ def data_options(kind: str, root: Union[str, Path]) -> List[str]:
     ]
 
 
-def preset_options(name: str, data: Union[str, Path]) -> List[str]:
+def preset_options(name: str, data: PathLike) -> List[str]:
     """Every ``--cfg-options`` string of a preset: its data, then its own.
 
     Args:
@@ -159,13 +164,41 @@ def with_fast_lines(cfg: Config) -> Config:
     return cfg
 
 
-def load_preset(name: str, data: Union[str, Path]) -> Config:
+def config_path(config: str, configs_root: PathLike = '.') -> str:
+    """Where a repository config (``configs/...``) is read from.
+
+    Args:
+        config (str): The config, relative to a clone's root.
+        configs_root (str | Path): The folder holding ``configs/`` (a
+            clone's root). Defaults to the current directory.
+
+    Returns:
+        str: ``configs_root/config``.
+
+    Raises:
+        FileNotFoundError: When there is no such file (the message says
+            how to point at the configs).
+    """
+    path = osp.join(str(configs_root), config)
+    if not osp.isfile(path):
+        raise FileNotFoundError(
+            f'no {config} under {osp.abspath(str(configs_root))}: run from '
+            'a clone of fast_parallel, or point --configs-root at one')
+    return path
+
+
+def load_preset(name: str,
+                data: PathLike,
+                configs_root: PathLike = '.') -> Config:
     """A preset's config, reading its data from ``data``.
 
     Args:
         name (str): A key of :data:`PRESETS`.
         data (str | Path): Folder holding ``coco/``, ``kitti/`` and
             ``nuscenes/``.
+        configs_root (str | Path): The folder holding the repository's
+            ``configs/`` (:func:`config_path`). Defaults to the current
+            directory.
 
     Returns:
         Config: The config on the fast path.
@@ -177,7 +210,7 @@ def load_preset(name: str, data: Union[str, Path]) -> Config:
         from mmengine.hub import get_config
         cfg = with_fast_lines(get_config(preset.config))
     else:
-        cfg = Config.fromfile(osp.join(ROOT, preset.config))
+        cfg = Config.fromfile(config_path(preset.config, configs_root))
     cfg.merge_from_dict({
         key: _value(value)
         for key, value in (option.split('=', 1)

@@ -37,7 +37,7 @@ from mmengine.config import Config, DictAction
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
-from fast_parallel.bench.presets import ROOT, without_accuracy_check
+from fast_parallel.bench.presets import without_accuracy_check
 from fast_parallel.data.loader import accelerator_available
 from fast_parallel.parity.runner import parity_config
 
@@ -234,10 +234,13 @@ def run_arms(config: str,
 
 
 def _env() -> Dict[str, str]:
-    """This environment with the repository importable in the child."""
+    """This environment, with the fast_parallel that runs here the one the
+    child imports (a clone's or an installed one alike)."""
+    import fast_parallel
+    package = os.path.dirname(os.path.abspath(fast_parallel.__file__))
     env = dict(os.environ)
     env['PYTHONPATH'] = os.pathsep.join(
-        p for p in (ROOT, env.get('PYTHONPATH')) if p)
+        p for p in (os.path.dirname(package), env.get('PYTHONPATH')) if p)
     return env
 
 

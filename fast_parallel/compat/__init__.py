@@ -10,7 +10,8 @@ the internal, the installed and the checked version and what to do. See
 """
 # yapf: disable
 from fast_parallel.compat.core import (CHECKED_ON, ITEM_OP, CompatError,
-                                       installed_version, missing, private)
+                                       installed_version,
+                                       missing_internal_error, private)
 from fast_parallel.compat.mmdet import (STATEFUL_MODULE_ATTRS,
                                         SWITCH_ONCE_HOOKS, YOLOX_HEAD_METHODS,
                                         switched_hooks, yolox_bbox_decode,
@@ -22,12 +23,11 @@ from fast_parallel.compat.mmengine import (ELEMENT_FIELD_SETS, LOADER_CONFIGS,
                                            history_statistics_methods,
                                            infinite_iterator_class,
                                            is_resuming, loader_config,
-                                           loop_as_is, loop_length,
-                                           loop_progress,
+                                           loop_length, loop_progress,
                                            message_hub_instances,
                                            preprocessor_device,
                                            randomness_config, run_forward,
-                                           train_loop)
+                                           runner_loop)
 from fast_parallel.compat.torch_data import (base_iterator_class,
                                              check_dataloader_internals,
                                              dataloader_class,
@@ -35,7 +35,8 @@ from fast_parallel.compat.torch_data import (base_iterator_class,
                                              fast_iterator_classes,
                                              iterator_base_seed,
                                              override_start,
-                                             persistent_iterator, rehold,
+                                             persistent_iterator,
+                                             point_holder_at,
                                              set_persistent_iterator,
                                              shutdown_workers, start_iterator,
                                              started_iterators)
@@ -55,10 +56,11 @@ __all__ = [
     'dispatch_mode_class', 'fast_iterator_classes',
     'history_statistics_methods', 'infinite_iterator_class',
     'installed_version', 'is_resuming', 'iterator_base_seed', 'loader_config',
-    'loop_as_is', 'loop_length', 'loop_progress', 'message_hub_instances',
-    'missing', 'override_start', 'persistent_iterator', 'preprocessor_device',
-    'private', 'randomness_config', 'rehold', 'run_forward',
+    'loop_length', 'loop_progress', 'message_hub_instances',
+    'missing_internal_error', 'override_start', 'point_holder_at',
+    'persistent_iterator', 'preprocessor_device', 'private',
+    'randomness_config', 'run_forward', 'runner_loop',
     'set_persistent_iterator', 'shutdown_workers', 'start_iterator',
-    'started_iterators', 'switched_hooks', 'train_loop', 'yolox_bbox_decode',
+    'started_iterators', 'switched_hooks', 'yolox_bbox_decode',
     'yolox_targets_single'
 ]

@@ -49,7 +49,8 @@ def installed_version(package: str) -> str:
         return 'not installed'
 
 
-def missing(package: str, what: str, used_for: str) -> CompatError:
+def missing_internal_error(package: str, what: str,
+                           used_for: str) -> CompatError:
     """The error for an internal ``what`` of ``package`` that is not there.
 
     Args:
@@ -89,4 +90,5 @@ def private(obj: Any, name: str, package: str, used_for: str) -> Any:
     except AttributeError:
         owner = obj.__name__ if isinstance(obj, type) or hasattr(
             obj, '__file__') else type(obj).__name__
-        raise missing(package, f'{owner}.{name}', used_for) from None
+        raise missing_internal_error(package, f'{owner}.{name}',
+                                     used_for) from None

@@ -3,17 +3,20 @@
 
 Checked on mmdet 3.3.0 (:data:`fast_parallel.compat.CHECKED_ON`).
 """
-from typing import Any, Dict, Tuple
+from types import MappingProxyType
+from typing import Any, Mapping, Tuple
 
 from fast_parallel.compat.core import private
 
-#: Module classes whose plain attributes a resumed run needs, by
-#: ``(module path, class name)``: their attribute names.
+#: The upstream module classes whose plain attributes a resumed run needs,
+#: by ``(module path, class name)``: their attribute names. Read-only: the
+#: resume room keeps its own registry, these entries first
+#: (``fast_parallel.resume.hook.register_stateful_module``).
 _RESIZE = ('mmdet.models.data_preprocessors.data_preprocessor',
            'BatchSyncRandomResize')
-STATEFUL_MODULE_ATTRS: Dict[Tuple[str, str], Tuple[str, ...]] = {
-    _RESIZE: ('_input_size', ),
-}
+_STATEFUL_DEFAULTS = {_RESIZE: ('_input_size', )}
+STATEFUL_MODULE_ATTRS: Mapping[Tuple[str, str], Tuple[str, ...]] = \
+    MappingProxyType(_STATEFUL_DEFAULTS)
 #: ``YOLOXHead``'s per-image target method, its L1 helper and its box
 #: decoder (the stock path batched targets fall back to, and the decoder the
 #: batched loss calls; an instance must not override them).

@@ -31,9 +31,10 @@ def loader_config(runner: Any, kind: str) -> Any:
                    'building a started DataLoader again from its config')
 
 
-def loop_as_is(runner: Any, kind: str) -> Any:
+def runner_loop(runner: Any, kind: str) -> Any:
     """A Runner's loop as it stands, without building it: the loop, its
-    config (not built yet), or None.
+    config (not built yet: e.g. the train loop of a run that only tests),
+    or None. ``Runner.train_loop`` & co. would build it from its config.
 
     Args:
         runner (Runner): The runner.
@@ -155,21 +156,6 @@ def loop_length(loop: Any) -> int:
         int: The loop's length in its own unit.
     """
     return loop.max_iters if counts_iterations(loop) else loop.max_epochs
-
-
-def train_loop(runner: Any) -> Any:
-    """The Runner's train loop as it stands: built, a config not built yet
-    (a run that only validates or tests), or None.
-
-    ``Runner.train_loop`` would build it from its config.
-
-    Args:
-        runner (Runner): The runner.
-
-    Returns:
-        The loop, its config (a dict) or None.
-    """
-    return loop_as_is(runner, 'train')
 
 
 def check_runner(runner: Any) -> None:

@@ -13,10 +13,11 @@ from torch.optim import adam as adam_module
 from torch.optim import optimizer as optimizer_module
 from torch.optim import sgd as sgd_module
 
-from fast_parallel.compat.core import CompatError, missing, private
+from fast_parallel.compat.core import (CompatError, missing_internal_error,
+                                       private)
 
 __all__ = [
-    'OPTIM_INTERNALS', 'MISSING_INTERNALS', 'FOREACH_OPS',
+    'OPTIM_INTERNALS', 'MISSING_INTERNALS', 'AVERAGED_MODELS', 'FOREACH_OPS',
     'check_optim_internals', 'missing_foreach_ops',
     'default_to_fused_or_foreach', 'use_grad_for_differentiable', 'init_group',
     'patch_step_function', 'unhooked_step', 'graph_capture_health_check',
@@ -62,6 +63,8 @@ OPTIM_INTERNALS = {
     _optional(SGD, '_init_group'),
     'Adam._init_group':
     _optional(Adam, '_init_group'),
+    'Optimizer._accelerator_graph_capture_health_check':
+    _optional(Optimizer, '_accelerator_graph_capture_health_check'),
     'torch.compiler.is_compiling':
     _optional(getattr(torch, 'compiler', None), 'is_compiling'),
     # AdamW as Adam(decoupled_weight_decay=True), torch >= 2.7 or so
@@ -89,7 +92,7 @@ def check_optim_internals() -> None:
         CompatError: Naming the first internal that is missing.
     """
     if MISSING_INTERNALS:
-        raise missing('torch', MISSING_INTERNALS[0], _OPTIM_USE)
+        raise missing_internal_error('torch', MISSING_INTERNALS[0], _OPTIM_USE)
 
 
 def init_group(optimizer: Optimizer, group: dict, *lists: list) -> Any:
@@ -138,11 +141,26 @@ def graph_capture_health_check(optimizer: Optimizer) -> None:
 
     Args:
         optimizer (Optimizer): The optimizer about to step.
+
+    Raises:
+        CompatError: When this torch lacks the check (listed in
+            :data:`MISSING_INTERNALS`, so no optimizer is fused then).
     """
-    optimizer._accelerator_graph_capture_health_check()
+    private(optimizer, '_accelerator_graph_capture_health_check', 'torch',
+            _OPTIM_USE)()
 
 
 # ---------------------------------------------------- the foreach EMA ---
+_AVERAGED = 'mmengine.model.averaged_model'
+#: The stock averaged-model classes whose updates the foreach EMA does as
+#: they do, by class name: their ``module.qualname`` (mmengine 0.10.7,
+#: mmdet 3.3.0). A subclass, or a class moved elsewhere, stays stock.
+AVERAGED_MODELS = {
+    'ExponentialMovingAverage': f'{_AVERAGED}.ExponentialMovingAverage',
+    'MomentumAnnealingEMA': f'{_AVERAGED}.MomentumAnnealingEMA',
+    'StochasticWeightAverage': f'{_AVERAGED}.StochasticWeightAverage',
+    'ExpMomentumEMA': 'mmdet.models.layers.ema.ExpMomentumEMA',
+}
 #: The multi-tensor ops the foreach EMA updates call.
 FOREACH_OPS = ('_foreach_lerp_', '_foreach_mul_', '_foreach_add_',
                '_foreach_sub', '_foreach_copy_')

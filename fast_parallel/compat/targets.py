@@ -64,6 +64,17 @@ UPSTREAM: Dict[str, Tuple[str, str, str]] = {
                               'BboxOverlapsNearest3D', 'mmdet3d'),
     'get_direction_target': ('mmdet3d.models.dense_heads.train_mixins',
                              'get_direction_target', 'mmdet3d'),
+    # mmdet3d's voxelising data preprocessor
+    'Det3DDataPreprocessor': ('mmdet3d.models.data_preprocessors',
+                              'Det3DDataPreprocessor', 'mmdet3d'),
+    'VoxelizationByGridShape': ('mmdet3d.models.data_preprocessors.voxelize',
+                                'VoxelizationByGridShape', 'mmdet3d'),
+    'Voxelization': ('mmcv.ops', 'Voxelization', 'mmcv'),
+    # mmdet3d's CenterPoint head
+    'CenterHead': ('mmdet3d.models.dense_heads', 'CenterHead', 'mmdet3d'),
+    'gaussian_2d': ('mmdet3d.models.utils', 'gaussian_2d', 'mmdet3d'),
+    'LiDARInstance3DBoxes': ('mmdet3d.structures', 'LiDARInstance3DBoxes',
+                             'mmdet3d'),
 }
 
 #: The per-image target method of mmdet's dense heads (private), which the

@@ -109,7 +109,8 @@ def override_start(loader: Any, start: Optional[Callable[[], Any]]) -> None:
         loader._get_iterator = start
 
 
-def rehold(holder: Any, attr: str, old: Any, new: Any, iterator: Any) -> None:
+def point_holder_at(holder: Any, attr: str, old: Any, new: Any,
+                    iterator: Any) -> None:
     """Points a holder that :func:`started_iterators` found at a new loader
     and its iterator (the old loader itself is left alone).
 
@@ -161,9 +162,16 @@ def base_iterator_class() -> type:
 
 
 @functools.lru_cache(maxsize=None)
-def fast_iterator_classes() -> Tuple[type, type]:
+def fast_iterator_classes(
+        inherited_seed: Callable[[Any], Optional[int]]) -> Tuple[type, type]:
     """torch's single- and multi-process DataLoader iterators without the
     per-batch profiler scope, taking an inherited base seed.
+
+    Args:
+        inherited_seed (callable): ``inherited_seed(loader)``: the base seed
+            the loader's new iterator gives its workers instead of the one
+            it drew, or None to keep that
+            (:func:`fast_parallel.data.loader_state.take_inherited_base_seed`).
 
     Returns:
         tuple: ``(single-process class, multi-process class)``.
@@ -174,7 +182,7 @@ def fast_iterator_classes() -> Tuple[type, type]:
     single = dataloader_class('_SingleProcessDataLoaderIter')
     multi = dataloader_class('_MultiProcessingDataLoaderIter')
 
-    class _UnlabelledNext:
+    class _NextWithoutProfilerScope:
         """``__next__`` of torch's iterators without the profiler scope."""
 
         def __next__(self) -> Any:
@@ -190,21 +198,22 @@ def fast_iterator_classes() -> Tuple[type, type]:
             return data
 
     class _InheritedSeed(base):
-        """Takes the base seed a rebuilt loader inherits from its
-        predecessor (``loader._fast_parallel_base_seed``), right above
-        torch's base class in the MRO, so the seed is in place before the
-        multi-process iterator hands it to its workers."""
+        """Takes the base seed ``inherited_seed`` gives (a rebuilt loader's
+        predecessor's, a checkpoint's), right above torch's base class in
+        the MRO, so the seed is in place before the multi-process iterator
+        hands it to its workers."""
 
         def __init__(self, loader: Any) -> None:
             super().__init__(loader)
-            seed = getattr(loader, '_fast_parallel_base_seed', None)
+            seed = inherited_seed(loader)
             if seed is not None:
                 self._base_seed = seed
 
-    class SingleProcessIter(_UnlabelledNext, single, _InheritedSeed):
+    class SingleProcessIter(_NextWithoutProfilerScope, single, _InheritedSeed):
         pass
 
-    class MultiProcessingIter(_UnlabelledNext, multi, _InheritedSeed):
+    class MultiProcessingIter(_NextWithoutProfilerScope, multi,
+                              _InheritedSeed):
         pass
 
     return SingleProcessIter, MultiProcessingIter

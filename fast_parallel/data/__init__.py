@@ -1,2 +1,2 @@
-"""The data path: packing, adapters, collate, the shared ring, the loader,
-rebuilding a started loader."""
+"""The data path: packing, adapters, collate, the shared ring, the loader and
+its state, rebuilding a started loader."""

@@ -19,39 +19,29 @@ DeviceLike = Union[str, int, torch.device]
 class PackedBatch:
     """A collated batch as one flat buffer per dtype plus a skeleton.
 
+    What each field holds and why: ``docs/packing.md``, "The fields of a
+    PackedBatch".
+
     Args:
         buffers (dict[torch.dtype, Tensor]): One 1-D buffer per dtype.
-        layout (list[LayoutEntry]): Per leaf slot, a
-            :class:`~fast_parallel.data.layout.LayoutEntry` ``(dtype,
-            offset, shape, stride, requires_grad, moved_stride)``: the leaf's
-            view starts at ``offset`` (elements of its dtype's buffer) with
-            its original ``shape`` and ``stride``; ``moved_stride`` is None
-            when the leaf is non-overlapping and dense, else the strides
-            stock's ``Tensor.to`` gives it on another device.
+        layout (list[LayoutEntry]): Per leaf slot, where its view lies in
+            its dtype's buffer
+            (:class:`~fast_parallel.data.layout.LayoutEntry`).
         skeleton (Node): The structure, as skeleton nodes.
-        device (torch.device, optional): Where ``to`` moved the batch;
-            None for a batch fresh from the collate function.
-            Defaults to None.
+        device (torch.device, optional): Where ``to`` moved the batch; None
+            for a batch fresh from the collate function. Defaults to None.
         non_blocking (bool): Whether the move was non-blocking.
             Defaults to False.
         ticket (RingTicket, optional): Worker side, the shared ring slot the
             buffers live in. Defaults to None.
         moved (bool): Whether ``to`` has copied the buffers to another
-            device than the one the leaves were packed on. Defaults to
-            False.
+            device than the one the leaves were packed on. Defaults to False.
         worker_states (tuple, optional): ``(worker id, random states)`` of
-            the DataLoader worker that made the batch, right after making
-            it, where the collate function was asked to report them
-            (:class:`~fast_parallel.PackedCollate`'s ``worker_states``;
-            ``ExactResumeHook`` keeps them for epoch-based resumes).
-            Defaults to None.
-        pinned (bool): Whether the buffers are known to be page-locked:
-            True only where this batch's maker pinned them (``pack(...,
-            pin_memory=True)`` on the CPU, :meth:`pin_memory`). Readers
-            (``move_batch``) trust it instead of asking the driver
-            (``Tensor.is_pinned`` is a CUDA driver query, ~1 ms on a busy
-            GPU). False never gives wrong numbers, only a blocking copy or
-            one more pinning copy. Defaults to False.
+            the DataLoader worker that made the batch, where its loader's
+            batches carry them. Defaults to None.
+        pinned (bool): Whether the buffers are known to be page-locked (set
+            by whoever pinned them; never asked of the driver). Defaults to
+            False.
     """
 
     __slots__ = ('buffers', 'layout', 'skeleton', 'device', 'non_blocking',

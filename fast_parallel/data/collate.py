@@ -7,6 +7,7 @@ from mmengine.registry import FUNCTIONS
 from torch.utils.data import get_worker_info
 
 from fast_parallel.data.batch import PackedBatch
+from fast_parallel.data.loader_state import LoaderState
 from fast_parallel.data.packing import pack
 from fast_parallel.data.ring import DEFAULT_RING, SharedRing
 from fast_parallel.random_states import random_states
@@ -21,7 +22,7 @@ def _pack_in_ring(tree, ring: Optional[SharedRing]) -> PackedBatch:
     return packed
 
 
-def worker_states() -> Optional[Tuple[int, dict]]:
+def current_worker_states() -> Optional[Tuple[int, dict]]:
     """``(worker id, random states)`` inside a DataLoader worker, else None.
 
     The states are :func:`fast_parallel.resume.random_states` with torch's
@@ -98,30 +99,30 @@ class PackedCollate:
             this ring of reused shared-memory buffers
             (:mod:`fast_parallel.data.ring`); None packs into fresh buffers.
             Defaults to the shared default ring.
-        worker_states (bool): Inside DataLoader workers, give each batch the
-            worker's id and random states right after it was made
-            (``PackedBatch.worker_states``, see :func:`worker_states`).
-            ``FastParallelHook`` turns it on where ``ExactResumeHook`` needs
-            them: the train loader of an epoch-based loop with persistent
-            workers. Defaults to False.
+        state (LoaderState, optional): The state of the DataLoader it
+            collates for (:mod:`fast_parallel.data.loader_state`). Where it
+            says so (``carries_worker_states``), each batch made in a worker
+            gets the worker's id and random states right after it was made
+            (``PackedBatch.worker_states``, see
+            :func:`current_worker_states`). Defaults to None: none.
     """
 
     def __init__(self,
                  inner: Union[Callable, dict, str] = pseudo_collate,
                  ring: Optional[SharedRing] = DEFAULT_RING,
-                 worker_states: bool = False) -> None:
+                 state: Optional[LoaderState] = None) -> None:
         inner = build_collate(inner)
         self.inner = packed_inner(inner) or inner
         self.ring = ring
-        self.worker_states = worker_states
+        self.state = state
 
     def __call__(self, data_batch: Sequence) -> PackedBatch:
         tree = self.inner(data_batch) if len(data_batch) else []
         packed = _pack_in_ring(tree, self.ring)
-        if self.worker_states:
+        if self.state is not None and self.state.carries_worker_states:
             # After the whole batch: nothing the worker does before its
             # next batch draws a random number.
-            packed.worker_states = worker_states()
+            packed.worker_states = current_worker_states()
         return packed
 
     def __repr__(self) -> str:
@@ -202,20 +203,22 @@ def _config_text(value: Any) -> str:
     return getattr(value, '__name__', None) or repr(value)
 
 
-def reporting_worker_states(fn: Callable) -> PackedCollate:
-    """A packed collate function that reports its workers' random states.
+def packed_for(fn: Callable, state: LoaderState) -> PackedCollate:
+    """A DataLoader's packed collate function, reading its state.
 
     Args:
         fn: The DataLoader's collate function, packed or not.
+        state (LoaderState): The DataLoader's state.
 
     Returns:
-        PackedCollate: ``fn`` itself when it reports them already; else a
-        new one packing what ``fn`` collates (``fn`` is not changed).
+        PackedCollate: ``fn`` itself when it is one reading ``state``
+        already; else a new one packing what ``fn`` collates (in ``fn``'s
+        ring, for a ``PackedCollate``), and ``fn`` is not changed.
     """
     if isinstance(fn, PackedCollate):
-        if fn.worker_states:
+        if fn.state is state:
             return fn
-        return PackedCollate(fn.inner, fn.ring, worker_states=True)
+        return PackedCollate(fn.inner, fn.ring, state)
     # packed_collate (or the Runner's partial of it) is PackedCollate(inner)
     # with the defaults.
-    return PackedCollate(packed_inner(fn) or fn, worker_states=True)
+    return PackedCollate(packed_inner(fn) or fn, state=state)

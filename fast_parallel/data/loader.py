@@ -3,12 +3,11 @@ label) and ``prepare_loader``, which puts the fast data path into a loader.
 
 Every ``next()`` on a torch DataLoader iterator opens and closes a
 ``torch.autograd.profiler.record_function`` scope, two dispatcher calls
-that only matter while a profiler records. Measured on this project's CPU
-machine (``tools/benchmark.py``, a model step between batches), they are
-1.2-1.8 ms of the main process's ~5 ms per-batch DataLoader cost, more
-than everything the packed batch itself costs there. The iterators here do
-exactly what torch's do, minus that scope while no profiler is running;
-with a profiler on they are torch's own ``__next__``.
+that only matter while a profiler records; on a CPU machine they cost more
+than everything the packed batch itself costs there (measured:
+``docs/benchmark.md``). The iterators here do exactly what torch's do,
+minus that scope while no profiler is running; with a profiler on they are
+torch's own ``__next__``.
 
 Workers, sampling, seeding, worker-failure detection and shutdown are
 torch's unchanged: the classes below only override ``__next__``.
@@ -19,13 +18,15 @@ from torch.utils.data import DataLoader
 
 from fast_parallel.compat import (check_dataloader_internals,
                                   fast_iterator_classes)
-from fast_parallel.data.collate import (PackedCollate, is_packed_collate,
-                                        reporting_worker_states)
+from fast_parallel.data.collate import PackedCollate, packed_for
+from fast_parallel.data.loader_state import (loader_state,
+                                             take_inherited_base_seed)
 from fast_parallel.data.worker_exit import exit_with_parent
 
-# torch's iterators without the per-batch profiler scope (the seam builds
-# them from torch's private classes, checked on torch 2.13.0).
-_Single, _Multi = fast_iterator_classes()
+# torch's iterators without the per-batch profiler scope, taking the base
+# seed of the loader's state (the seam builds them from torch's private
+# classes, checked on torch 2.13.0).
+_Single, _Multi = fast_iterator_classes(take_inherited_base_seed)
 
 
 class _SingleProcessIter(_Single):
@@ -67,7 +68,7 @@ def accelerator_available() -> bool:
     return torch.cuda.is_available()
 
 
-def make_fast(loader: DataLoader) -> bool:
+def switch_to_fast_loader(loader: DataLoader) -> bool:
     """Switches a plain ``DataLoader`` to :class:`FastDataLoader` in place.
 
     Args:
@@ -88,25 +89,22 @@ def make_fast(loader: DataLoader) -> bool:
     return True
 
 
-def prepare_loader(loader: DataLoader,
-                   pin: bool,
-                   worker_states: bool = False) -> None:
+def prepare_loader(loader: DataLoader, pin: bool) -> None:
     """Puts the fast data path into a DataLoader whose iterator has not
     started: packed collate, :class:`FastDataLoader`, pinned memory, workers
     that end with the trainer (:mod:`fast_parallel.data.worker_exit`).
 
+    The packed collate function reads the loader's
+    :class:`~fast_parallel.data.loader_state.LoaderState`: its batches carry
+    their worker's random states where that says so, whether it says so
+    before or after this call.
+
     Args:
         loader (DataLoader): The DataLoader, changed in place.
         pin (bool): Turn ``pin_memory`` on (only where CUDA is available).
-        worker_states (bool): Make the packed collate function report its
-            workers' random states (``ExactResumeHook`` keeps them).
-            Defaults to False.
     """
-    if worker_states:
-        loader.collate_fn = reporting_worker_states(loader.collate_fn)
-    elif not is_packed_collate(loader.collate_fn):
-        loader.collate_fn = PackedCollate(loader.collate_fn)
-    make_fast(loader)
+    loader.collate_fn = packed_for(loader.collate_fn, loader_state(loader))
+    switch_to_fast_loader(loader)
     if loader.num_workers > 0:
         loader.worker_init_fn = exit_with_parent(loader.worker_init_fn)
     if pin and torch.cuda.is_available() and not loader.pin_memory:
@@ -115,6 +113,26 @@ def prepare_loader(loader: DataLoader,
         # torch would not pin (and would warn from fast_parallel's loader,
         # whose iterator calls its __init__): the same batches, no warning.
         loader.pin_memory = False
+
+
+def prepare_like(old: DataLoader, new: DataLoader) -> None:
+    """Gives a DataLoader built again from ``old``'s config what ``old`` has
+    on top of its config: collate function, class, pinning.
+
+    A packed collate function that reads ``old``'s state is given one that
+    reads ``new``'s (:func:`~fast_parallel.data.collate.packed_for`).
+
+    Args:
+        old (DataLoader): The running DataLoader.
+        new (DataLoader): Its replacement, not started; changed in place.
+    """
+    fn = old.collate_fn
+    if isinstance(fn, PackedCollate) and fn.state is not None:
+        fn = packed_for(fn, loader_state(new))
+    new.collate_fn = fn
+    if isinstance(old, FastDataLoader):
+        switch_to_fast_loader(new)
+    new.pin_memory = old.pin_memory
 
 
 def loader_figures(loader: DataLoader) -> str:

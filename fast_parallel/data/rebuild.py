@@ -1,47 +1,28 @@
-"""Putting a new collate function in place without changing the batches.
+"""Putting the fast data path into a loop without changing its batches.
 
-A DataLoader's workers receive the collate function when its iterator
-starts. mmengine's ``IterBasedTrainLoop`` starts its iterator when the loop
-is built, before any hook runs, and that iterator's workers prefetch
-(``num_workers * prefetch_factor`` batches): the sampler and batch sampler
-have already handed out indices, and stateful ones (mmdet's
-``AspectRatioBatchSampler`` buckets, ``MultiSourceSampler`` generators,
-mmengine's ``InfiniteSampler`` stream) remember that. Dropping the iterator
-and starting another on the same sampler objects trains on other batches.
-
-So a loader whose iterator has started is not restarted but **rebuilt**:
-the Runner's own ``build_dataloader`` makes a new DataLoader from the very
-config the loop was built from, with the same seed, around the dataset
-object already built (it is not loaded again). Its sampler and batch
-sampler are therefore in the state stock's were in when stock's iterator
-started, whatever their class, without knowing any sampler's private
-state. The new iterator copies the abandoned one's base seed, and the
-main process's random states are put back, so nothing downstream can tell.
-
-What cannot be rebuilt that way is detected rather than guessed:
-
-- a sampler (or its construction) that draws from the main process's
-  global random states (Python ``random``, NumPy, torch), e.g. mmdet's
-  ``GroupMultiSourceSampler`` with workers, or any sampler built with
-  ``diff_rank_seed=True``: the draws the abandoned iterator made cannot be
-  undone, so the rebuilt one would see other numbers;
-- a loop whose DataLoader was handed to the Runner built (no config), or a
-  rebuilt loader that does not match the running one (another sampler
-  class, dataset or batch size).
-
-Then :func:`rebuild_started` leaves the loop exactly as it was and returns
-the reason; the caller keeps it on the stock data path and says so.
+A loader whose iterator has not started changes in place
+(:func:`~fast_parallel.data.loader.prepare_loader`); one whose iterator has
+(``IterBasedTrainLoop`` starts it, and its workers prefetch, before any
+hook runs) is **rebuilt** from its config by the Runner's own
+``build_dataloader`` (:func:`rebuild_started`), where that can be exact;
+else it stays stock and :func:`install_fast_path` says why
+(``docs/design.md``, "Started loaders").
 """
 import random
+from functools import partial
 from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fast_parallel.compat import (iterator_base_seed, randomness_config,
-                                  rehold, set_persistent_iterator,
+from fast_parallel.compat import (iterator_base_seed, point_holder_at,
+                                  randomness_config, set_persistent_iterator,
                                   shutdown_workers, started_iterators)
+from fast_parallel.data.collate import is_packed_collate
+from fast_parallel.data.loader import loader_figures, prepare_loader
+from fast_parallel.data.loader_state import loader_state
+from fast_parallel.outcome import Outcome
 
 
 class _SharedRef:
@@ -114,15 +95,16 @@ def _foreign_draws(before: tuple, after: tuple, seed_draws: int) -> List[str]:
 # Started iterators.
 # --------------------------------------------------------------------------
 def _build_like(runner: Any, cfg: Any, old: DataLoader,
-                seed: Optional[int]) -> Tuple[Optional[DataLoader], str]:
+                seed: Optional[int]) -> Tuple[Optional[DataLoader], str, str]:
     """A DataLoader built as the Runner built ``old``, on ``old``'s dataset.
 
     Returns:
-        tuple: The loader, or None and why it could not be built alike.
+        tuple: The loader, or None, why it could not be built alike in a
+        few words, and the rest of the sentence.
     """
     if not isinstance(cfg, dict):
-        return None, ('the Runner was given a built DataLoader, not a '
-                      'config to build it again from')
+        return (None, 'the Runner was given a built DataLoader',
+                ', not a config to build it again from')
     cfg = dict(cfg)
     # The dataset is built already (and sliced, with num_batch_per_epoch).
     cfg.pop('num_batch_per_epoch', None)
@@ -134,14 +116,14 @@ def _build_like(runner: Any, cfg: Any, old: DataLoader,
         a, b = getattr(old, what, None), getattr(new, what, None)
         same = a is b if what == 'dataset' else type(a) is type(b)
         if not same:
-            return None, (f'the loader built again from its config has '
-                          f'another {what} ({type(b).__name__} vs '
-                          f'{type(a).__name__})')
+            return (None, 'the loader built again from its config has '
+                    f'another {what}',
+                    f' ({type(b).__name__} vs {type(a).__name__})')
     for what in ('batch_size', 'num_workers', 'drop_last'):
         if getattr(old, what) != getattr(new, what):
-            return None, (f'the loader built again from its config has '
-                          f'another {what}')
-    return new, ''
+            return (None, 'the loader built again from its config has '
+                    f'another {what}', '')
+    return new, '', ''
 
 
 def sampler_names(loader: DataLoader) -> str:
@@ -154,18 +136,30 @@ def sampler_names(loader: DataLoader) -> str:
     return ' + '.join(names)
 
 
+def _not_rebuilt(samplers: str, short: str, rest: str) -> Outcome:
+    """The outcome of a loop left as it was: ``<samplers>: <short>``."""
+    return Outcome(
+        samplers,
+        False,
+        short + rest,
+        text=f'{samplers}: {short}',
+        short=short)
+
+
 def rebuild_started(runner: Any,
                     loop: Any,
                     cfg: Any,
                     prepare: Callable[[DataLoader], None],
-                    seed: Optional[int] = None) -> Optional[str]:
+                    seed: Optional[int] = None) -> Outcome:
     """Replaces a loop's started DataLoader by one built again from config.
 
     The new loader is built by ``runner.build_dataloader`` from ``cfg``
-    around the running loader's dataset, given to ``prepare`` (which sets
-    its collate function, class and pinning), and started; every holder of
-    the old iterator gets the new one and the old workers are shut down.
-    The main process's random states are the same afterwards as before.
+    around the running loader's dataset, given the running one's
+    :class:`~fast_parallel.data.loader_state.LoaderState` settings and its
+    iterator's base seed, given to ``prepare`` (which sets its collate
+    function, class and pinning), and started; every holder of the old
+    iterator gets the new one and the old workers are shut down. The main
+    process's random states are the same afterwards as before.
 
     Args:
         runner (Runner): The runner.
@@ -177,16 +171,22 @@ def rebuild_started(runner: Any,
             ``runner.seed``, the one stock built with.
 
     Returns:
-        str | None: None on success; else why the loop was left as it was.
+        Outcome: Named by the loader's samplers (:func:`sampler_names`);
+        ``done`` when the loop has the new loader, else ``why`` (and
+        ``short``) the loop was left exactly as it was.
     """
     old = loop.dataloader
+    samplers = sampler_names(old)
     holders = started_iterators(loop, old)
     seed = runner.seed if seed is None else seed
     before = _rng_snapshot()
     try:
-        new, why = _build_like(runner, cfg, old, seed)
+        new, short, rest = _build_like(runner, cfg, old, seed)
         if new is None:
-            return why
+            return _not_rebuilt(samplers, short, rest)
+        state = loader_state(new)
+        state.carries_worker_states = \
+            loader_state(old).carries_worker_states
         prepare(new)
         old_iters = []
         for holder, attr in holders:
@@ -195,20 +195,65 @@ def rebuild_started(runner: Any,
                 old_iters.append(it)
         if old_iters:
             # The abandoned iterator's base seed (torch's own worker seeds).
-            new._fast_parallel_base_seed = iterator_base_seed(old_iters[0])
+            state.base_seed = iterator_base_seed(old_iters[0])
         new_iter = iter(new) if holders else None
         moved = _foreign_draws(before, _rng_snapshot(), int(bool(holders)))
         if moved:
             shutdown_workers(new_iter)
-            return ('its sampling draws from the main process\'s global '
-                    f'random state ({", ".join(moved)}) when it is built or '
-                    'started, which a restart cannot replay')
+            return _not_rebuilt(
+                samplers, 'its sampling draws from the main process\'s '
+                'global random state', f' ({", ".join(moved)}) when it is '
+                'built or started, which a restart cannot replay')
     finally:
         _rng_restore(before)
     for it in old_iters:
         shutdown_workers(it)
     set_persistent_iterator(old, None)
     for holder, attr in holders:
-        rehold(holder, attr, old, new, new_iter)
+        point_holder_at(holder, attr, old, new, new_iter)
     loop.dataloader = new
-    return None
+    return Outcome(samplers, True, text=f'{samplers}: rebuilt')
+
+
+def install_fast_path(runner: Any, kind: str, loop: Any, cfg: Any,
+                      pin: bool) -> Outcome:
+    """The fast data path for one loop's DataLoader, on stock's batches.
+
+    A loader no iterator has started yet (epoch loops, validation, test)
+    changes in place (:func:`~fast_parallel.data.loader.prepare_loader`).
+    One already started is left alone when its config packs its batches
+    already, else built again from its config (:func:`rebuild_started`);
+    where that cannot be exact, the loop stays on the stock path.
+
+    Args:
+        runner (Runner): The runner.
+        kind (str): 'train', 'val' or 'test'.
+        loop: The loop (its ``dataloader`` may be replaced).
+        cfg (dict | DataLoader): The config the Runner built the loop's
+            DataLoader from.
+        pin (bool): Turn ``pin_memory`` on (see ``prepare_loader``).
+
+    Returns:
+        Outcome: Named ``kind``; its line e.g. ``train packed (2 workers,
+        pinned)``, ``train packed by its config (...)``, ``train packed,
+        rebuilt (...)`` or ``train stock (<samplers>: <short why>)``.
+    """
+    loader = loop.dataloader
+    if not started_iterators(loop, loader):
+        prepare_loader(loader, pin)
+        how = 'packed'
+    elif is_packed_collate(loader.collate_fn):
+        how = 'packed by its config'  # packed in its workers from the start
+    else:
+        rebuilt = rebuild_started(runner, loop, cfg,
+                                  partial(prepare_loader, pin=pin))
+        if not rebuilt.done:
+            return Outcome(
+                kind,
+                False,
+                rebuilt.why,
+                text=f'{kind} stock ({rebuilt})',
+                short=rebuilt.short)
+        how = 'packed, rebuilt'
+    return Outcome(
+        kind, True, text=f'{kind} {how} ({loader_figures(loop.dataloader)})')

@@ -143,10 +143,13 @@ class SharedRing:
 # --------------------------------------------------------------------------
 # Main-process side
 # --------------------------------------------------------------------------
-_CACHE: Dict[_Key, tuple] = {}  # (pid, slot) -> (generation, flag, storages)
+#: Main process: the slot storages received so far, by (worker pid, slot):
+#: (generation, flag, storages).
+_RECEIVED_SLOTS: Dict[_Key, tuple] = {}
 #: Main-process counts: batches whose slot storages arrived (first use of a
-#: slot generation) and batches that arrived as a key into the cache.
-STATS = {'storages': 0, 'reused': 0}
+#: slot generation) and batches that arrived as a key into the received
+#: slots.
+RECEIVED_COUNTS = {'storages': 0, 'reused': 0}
 
 
 class _Lease:
@@ -186,14 +189,15 @@ def receive(payload: tuple) -> Dict[torch.dtype, torch.Tensor]:
     pid, slot_id, generation, sizes, storages, flag = payload
     key = (pid, slot_id)
     if storages is not None:
-        if not any(k[0] == pid for k in _CACHE):  # a new worker: prune
-            for dead in [k for k in _CACHE if not _alive(k[0])]:
-                del _CACHE[dead]
-        _CACHE[key] = (generation, flag, storages)
-        STATS['storages'] += 1
+        if not any(k[0] == pid for k in _RECEIVED_SLOTS):
+            # a new worker: drop the slots of workers that are gone
+            for dead in [k for k in _RECEIVED_SLOTS if not _alive(k[0])]:
+                del _RECEIVED_SLOTS[dead]
+        _RECEIVED_SLOTS[key] = (generation, flag, storages)
+        RECEIVED_COUNTS['storages'] += 1
     else:
-        STATS['reused'] += 1
-    cached = _CACHE.get(key)
+        RECEIVED_COUNTS['reused'] += 1
+    cached = _RECEIVED_SLOTS.get(key)
     if cached is None or cached[0] != generation:
         raise RuntimeError(
             f'packed batch from worker {pid} refers to slot {slot_id} '

@@ -8,7 +8,7 @@ from mmengine.dist import is_main_process
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
-from fast_parallel.compat import loop_length, loop_progress, train_loop
+from fast_parallel.compat import loop_length, loop_progress, runner_loop
 
 
 @HOOKS.register_module()
@@ -77,7 +77,7 @@ class AccuracyParityHook(Hook):
     def after_val_epoch(self, runner, metrics=None) -> None:
         """Checks this validation; logs the verdict after the final one."""
         report = self.check(dict(metrics or {}))
-        loop = train_loop(runner)
+        loop = runner_loop(runner, 'train')
         training = loop is not None and not isinstance(loop, dict)
         # mmengine gives an IterBasedTrainLoop max_epochs=1: the loop's
         # class says which counter ends it (fast_parallel.compat).

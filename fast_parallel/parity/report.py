@@ -29,6 +29,98 @@ def _close(a: Any, b: Any, atol: float) -> bool:
     return a == b
 
 
+def _loss_rows(stock: dict, fast: dict, n: int) -> List[dict]:
+    """Per iteration: each loss term, then the gradient norms recorded."""
+    rows = []
+    for i in range(n):
+        a = stock['losses'][i] if i < len(stock['losses']) else {}
+        b = fast['losses'][i] if i < len(fast['losses']) else {}
+        for key in sorted(set(a) | set(b), key=lambda k: (k != 'loss', k)):
+            rows.append(
+                dict(
+                    what=f'iter {i + 1} {key}',
+                    stock=a.get(key),
+                    fast=b.get(key)))
+        for key, what in (('grad_norm', 'grad_norm'),
+                          ('grad_norm_clipped', 'grad_norm after clip_grad')):
+            ga, gb = (
+                _at(record.get(key) or [], i) for record in (stock, fast))
+            # None on both sides: not recorded (no clip_grad, or by value)
+            if ga is not None or gb is not None:
+                rows.append(
+                    dict(what=f'iter {i + 1} {what}', stock=ga, fast=gb))
+    return rows
+
+
+def _packed_row(stock: dict, fast: dict, n: int) -> dict:
+    """The packed-batch count: the check is only worth something if the
+    fast run really ran packed. The two values differ by design: ``same``
+    says whether they are what each path must give (stock none, fast every
+    batch)."""
+    return dict(
+        what='packed batches',
+        stock=stock['packed'],
+        fast=fast['packed'],
+        same=stock['packed'] == 0 and fast['packed'] == n > 0,
+        by_design=f'stock 0, fast {n}')
+
+
+def _checksum_row(stock: dict, fast: dict) -> dict:
+    """The parameters' sha256 (its first 16 digits shown)."""
+    sa, sb = stock['checksum'], fast['checksum']
+    return dict(
+        what='params sha256',
+        stock=sa['sha256'][:16],
+        fast=sb['sha256'][:16],
+        same=sa['sha256'] == sb['sha256'])
+
+
+def _state_rows(stock: dict, fast: dict) -> List[dict]:
+    """The optimizer state's and the EMA weights' sha256, where recorded."""
+    rows = []
+    for key, what in (('optimizer', 'optimizer state sha256'),
+                      ('ema', 'EMA weights sha256')):
+        a, b = stock.get(key), fast.get(key)
+        if a or b:
+            rows.append(
+                dict(
+                    what=what,
+                    stock=(a or '-')[:16],
+                    fast=(b or '-')[:16],
+                    same=a == b))
+    return rows
+
+
+def _max_diff_row(stock: dict, fast: dict, atol: float) -> dict:
+    """The largest parameter difference, against ``atol``."""
+    diff = max(
+        (a - b).abs().max().item() if a.is_floating_point(
+        ) else float(not torch.equal(a, b))
+        for a, b in zip(stock['params'].values(), fast['params'].values()))
+    return dict(
+        what='params max |diff|', stock=0.0, fast=diff, same=diff <= atol)
+
+
+def _predictions_row(stock: dict, fast: dict, atol: float) -> dict:
+    """The validation predictions' sha256 (bits may differ within
+    ``atol``)."""
+    sa, sb = stock['predictions'], fast['predictions']
+    return dict(
+        what='val predictions sha256',
+        stock=sa and sa[:16],
+        fast=sb and sb[:16],
+        same=sa == sb or bool(atol))
+
+
+def _metric_rows(stock: dict, fast: dict, atol: float) -> List[dict]:
+    """Each metric, by name."""
+    rows = []
+    for key in sorted(set(stock['metrics']) | set(fast['metrics'])):
+        a, b = stock['metrics'].get(key), fast['metrics'].get(key)
+        rows.append(dict(what=key, stock=a, fast=b, same=_close(a, b, atol)))
+    return rows
+
+
 def compare(stock: dict, fast: dict, atol: float = 0.0) -> List[dict]:
     """Rows of the side-by-side table.
 
@@ -50,85 +142,23 @@ def compare(stock: dict, fast: dict, atol: float = 0.0) -> List[dict]:
         ``by_design`` (what each path must give) and is ``same`` when both
         paths give it.
     """
-    rows = []
     n = max(len(stock['losses']), len(fast['losses']))
-    for i in range(n):
-        a = stock['losses'][i] if i < len(stock['losses']) else {}
-        b = fast['losses'][i] if i < len(fast['losses']) else {}
-        for key in sorted(set(a) | set(b), key=lambda k: (k != 'loss', k)):
-            rows.append(
-                dict(
-                    what=f'iter {i + 1} {key}',
-                    stock=a.get(key),
-                    fast=b.get(key)))
-        for key, what in (('grad_norm', 'grad_norm'),
-                          ('grad_norm_clipped', 'grad_norm after clip_grad')):
-            ga, gb = (
-                _at(record.get(key) or [], i) for record in (stock, fast))
-            # None on both sides: not recorded (no clip_grad, or by value)
-            if ga is not None or gb is not None:
-                rows.append(
-                    dict(what=f'iter {i + 1} {what}', stock=ga, fast=gb))
-    for row in rows:
+    losses = _loss_rows(stock, fast, n)
+    for row in losses:
         row['same'] = _close(row['stock'], row['fast'], atol)
+    checksum = _checksum_row(stock, fast)
+    states = _state_rows(stock, fast)
     # First: when the runs trained on different batches, no loss can match,
     # and this row says why. Sample ids are compared exactly, ``atol`` or not.
-    rows.insert(0, order_row(stock.get('order', []), fast.get('order', [])))
-    # The check is only worth something if the fast run really ran packed.
-    # The two values differ by design: ``same`` says whether they are what
-    # each path must give (stock none, fast every batch).
-    rows.append(
-        dict(
-            what='packed batches',
-            stock=stock['packed'],
-            fast=fast['packed'],
-            same=stock['packed'] == 0 and fast['packed'] == n > 0,
-            by_design=f'stock 0, fast {n}'))
-    sa, sb = stock['checksum'], fast['checksum']
-    rows.append(
-        dict(
-            what='params sha256',
-            stock=sa['sha256'][:16],
-            fast=sb['sha256'][:16],
-            same=sa['sha256'] == sb['sha256']))
-    state_rows = []
-    for key, what in (('optimizer', 'optimizer state sha256'),
-                      ('ema', 'EMA weights sha256')):
-        a, b = stock.get(key), fast.get(key)
-        if a or b:
-            state_rows.append(
-                dict(
-                    what=what,
-                    stock=(a or '-')[:16],
-                    fast=(b or '-')[:16],
-                    same=a == b))
-    rows.extend(state_rows)
+    rows = [order_row(stock.get('order', []), fast.get('order', []))]
+    rows += losses + [_packed_row(stock, fast, n), checksum] + states
     if atol:
-        diff = max(
-            (a - b).abs().max().item() if a.is_floating_point(
-            ) else float(not torch.equal(a, b))
-            for a, b in zip(stock['params'].values(), fast['params'].values()))
-        rows.append(
-            dict(
-                what='params max |diff|',
-                stock=0.0,
-                fast=diff,
-                same=diff <= atol))
-        # bits may differ within the tolerance
-        for row in [rows[-2 - len(state_rows)]] + state_rows:
+        rows.append(_max_diff_row(stock, fast, atol))
+        for row in [checksum] + states:  # bits may differ within atol
             row['same'] = True
     if stock['predictions'] or fast['predictions']:
-        sa, sb = stock['predictions'], fast['predictions']
-        rows.append(
-            dict(
-                what='val predictions sha256',
-                stock=sa and sa[:16],
-                fast=sb and sb[:16],
-                same=sa == sb or bool(atol)))
-    for key in sorted(set(stock['metrics']) | set(fast['metrics'])):
-        a, b = stock['metrics'].get(key), fast['metrics'].get(key)
-        rows.append(dict(what=key, stock=a, fast=b, same=_close(a, b, atol)))
-    return rows
+        rows.append(_predictions_row(stock, fast, atol))
+    return rows + _metric_rows(stock, fast, atol)
 
 
 class _NoIteration:

@@ -75,6 +75,58 @@ def _first_float(tree: Any) -> Optional[torch.Tensor]:
     return None
 
 
+#: What cuBLAS needs to run deterministically (CUDA >= 10.2), and what
+#: ``torch.use_deterministic_algorithms(True)`` asks for.
+CUBLAS_WORKSPACE = ('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
+
+
+def cuda_determinism(deterministic: bool,
+                     environ: Optional[dict] = None,
+                     cuda_available: Optional[bool] = None,
+                     cuda_initialized: Optional[bool] = None) -> Optional[str]:
+    """Makes a deterministic run on CUDA possible, or says why it is not.
+
+    With mmengine's deterministic switch on, a cuBLAS call raises unless
+    ``CUBLAS_WORKSPACE_CONFIG`` is set before cuBLAS starts. Where it is
+    unset, this sets it to ``:4096:8`` (cuBLAS reads it when torch first
+    uses it, later in this process); where CUDA was already in use, that may
+    be too late, so it stops with what to set instead.
+
+    Args:
+        deterministic (bool): The runs' deterministic switch.
+        environ (dict, optional): The environment. Defaults to
+            ``os.environ``.
+        cuda_available (bool, optional): Defaults to
+            ``torch.cuda.is_available()``.
+        cuda_initialized (bool, optional): Defaults to
+            ``torch.cuda.is_initialized()``.
+
+    Returns:
+        str | None: A line for the log when it set the variable, else None.
+
+    Raises:
+        RuntimeError: When the variable is unset and CUDA already started.
+    """
+    environ = os.environ if environ is None else environ
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if not deterministic or not cuda_available or \
+            CUBLAS_WORKSPACE[0] in environ:
+        return None
+    if cuda_initialized is None:
+        cuda_initialized = torch.cuda.is_initialized()
+    name, value = CUBLAS_WORKSPACE
+    if cuda_initialized:
+        raise RuntimeError(
+            f'deterministic parity on CUDA needs {name}={value} (or :16:8) '
+            'in the environment before CUDA starts, and CUDA has started in '
+            f'this process already: run `export {name}={value}` first, or '
+            'pass deterministic=False / --no-deterministic.')
+    environ[name] = value
+    return (f'set {name}={value}: cuBLAS is deterministic only with it, and '
+            'the runs use torch.use_deterministic_algorithms(True)')
+
+
 # yapf: disable
 def parity_config(cfg: Config, path: str, iters: int, evaluate: bool,
                   work_dir: str, seed: int = 0, deterministic: bool = True,
@@ -189,6 +241,7 @@ def run_parity(cfg: Config,
         training-order row), ``verdict`` ('IDENTICAL' / 'DIFFERENT') and
         ``ok``.
     """
+    cuda_determinism(deterministic)  # tools/parity.py says it set it
     records = {}
     for path in PATHS:
         run_cfg = parity_config(cfg, path, iters, evaluate, work_dir, seed,

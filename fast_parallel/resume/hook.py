@@ -16,9 +16,10 @@ from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
 from torch.utils.data import DataLoader
 
 from fast_parallel.compat import (STATEFUL_MODULE_ATTRS, decide_val_interval,
-                                  is_resuming, loader_config, loop_as_is,
-                                  loop_progress, switched_hooks)
-from fast_parallel.data.loader import FastDataLoader, make_fast
+                                  is_resuming, loader_config, loop_progress,
+                                  runner_loop, switched_hooks)
+from fast_parallel.data.loader import prepare_like
+from fast_parallel.data.loader_state import carry_worker_states
 from fast_parallel.data.rebuild import rebuild_started, started_iterators
 from fast_parallel.random_states import random_states, set_random_states
 from fast_parallel.resume.workers import (WorkerRecord, arm_first_start,
@@ -32,9 +33,10 @@ __all__ = [
 
 META_KEY = 'fast_parallel_resume'
 
-#: Module classes whose plain attributes a resumed run needs (mmdet's
-#: ``BatchSyncRandomResize`` and those registered here).
-_STATEFUL = STATEFUL_MODULE_ATTRS
+#: Module classes whose plain attributes a resumed run needs, by
+#: ``(module path, class name)``: mmdet's (the seam's defaults) and those
+#: registered here.
+_STATEFUL: Dict[Tuple[str, str], Tuple[str, ...]] = dict(STATEFUL_MODULE_ATTRS)
 
 
 def register_stateful_module(cls: Type, attrs: Tuple[str, ...]) -> None:
@@ -110,8 +112,14 @@ class ExactResumeHook(Hook):
         self._fresh_workers = False
 
     def before_run(self, runner) -> None:
-        """Remembers the seed the Runner built the DataLoaders with."""
+        """Remembers the seed the Runner built the DataLoaders with; asks for
+        the train workers' random states where an exact resume needs them
+        (:func:`~fast_parallel.resume.workers.needs_worker_states`)."""
         self._built_seed = runner.seed
+        loop = runner_loop(runner, 'train')
+        if needs_worker_states(loop):
+            # Batches carry them where FastParallelHook packs them.
+            carry_worker_states(loop.dataloader)
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         """Writes random and module states into ``checkpoint['meta']``, and
@@ -122,7 +130,7 @@ class ExactResumeHook(Hook):
                 _strip(k): v
                 for k, v in module_states(runner.model).items()
             })
-        loader = getattr(loop_as_is(runner, 'train'), 'dataloader', None)
+        loader = getattr(runner_loop(runner, 'train'), 'dataloader', None)
         if self._record.states and isinstance(loader, DataLoader):
             saved['workers'] = self._record.entry(loader)
         checkpoint.setdefault('meta', {})[META_KEY] = saved
@@ -194,13 +202,13 @@ class ExactResumeHook(Hook):
         if self._pending is None or seed == self._built_seed:
             return
         loop = runner.train_loop
-        why = rebuild_started(
+        rebuilt = rebuild_started(
             runner,
             loop,
             loader_config(runner, 'train'),
-            partial(_same_as, loop.dataloader),
+            partial(prepare_like, loop.dataloader),
             seed=seed)
-        if why is None:
+        if rebuilt.done:
             runner.logger.info(
                 f'ExactResumeHook: the train DataLoader was built again with '
                 f'the checkpoint\'s seed {seed} (it was built with '
@@ -210,7 +218,8 @@ class ExactResumeHook(Hook):
                 f'ExactResumeHook: the train DataLoader keeps the seed '
                 f'{self._built_seed}, not the checkpoint\'s {seed}, so this '
                 f'resumed run draws another order and other augmentations: '
-                f'{why}. Set randomness=dict(seed=...) for an exact resume.')
+                f'{rebuilt.why}. Set randomness=dict(seed=...) for an exact '
+                'resume.')
         self._built_seed = seed
 
     def before_train_epoch(self, runner) -> None:
@@ -268,15 +277,6 @@ def _inexact(runner, why: str) -> None:
     runner.logger.warning(
         'ExactResumeHook: this resumed run will not be identical to an '
         f'uninterrupted one: {why}.')
-
-
-def _same_as(old: DataLoader, new: DataLoader) -> None:
-    """Gives a DataLoader built again what the running one has on top of
-    its config: collate function, class, pinning."""
-    new.collate_fn = old.collate_fn
-    if isinstance(old, FastDataLoader):
-        make_fast(new)
-    new.pin_memory = old.pin_memory
 
 
 def _resume_plan(loop, checkpoint: dict, saved: dict, rank: int,

@@ -15,6 +15,7 @@ from fast_parallel.compat import (iterator_base_seed, override_start,
                                   start_iterator, switched_hooks)
 from fast_parallel.data.batch import PackedBatch
 from fast_parallel.data.loader import FastDataLoader
+from fast_parallel.data.loader_state import loader_state
 from fast_parallel.random_states import set_random_states
 
 
@@ -128,22 +129,19 @@ def _start_workers_from(loader: DataLoader, saved: dict) -> Callable[[], None]:
     """Makes the loader's next iterator start its workers from ``saved``;
     returns how to put the loader back once the iterator has started."""
     init_fn, generator = loader.worker_init_fn, loader.generator
-    has_seed = '_fast_parallel_base_seed' in loader.__dict__
-    base_seed = loader.__dict__.get('_fast_parallel_base_seed')
+    state = loader_state(loader)
+    base_seed = state.base_seed
     loader.worker_init_fn = RestoreWorkerStates(init_fn, saved['states'])
     # The uninterrupted run drew the persistent iterator's base seed from
     # torch's global generator when its workers started, not again here.
     loader.generator = torch.Generator()
     if saved.get('base_seed') is not None and isinstance(
             loader, FastDataLoader):
-        loader._fast_parallel_base_seed = saved['base_seed']
+        state.base_seed = saved['base_seed']
 
     def undo() -> None:
         loader.worker_init_fn, loader.generator = init_fn, generator
-        if has_seed:
-            loader._fast_parallel_base_seed = base_seed
-        else:
-            loader.__dict__.pop('_fast_parallel_base_seed', None)
+        state.base_seed = base_seed
 
     return undo
 

@@ -17,9 +17,11 @@ from mmengine.model.averaged_model import (BaseAveragedModel,
 from torch import Tensor, nn
 
 from fast_parallel.compat import CHECKED_ON
-from fast_parallel.compat.optim import (foreach_add_, foreach_copy_,
-                                        foreach_lerp_, foreach_mul_,
-                                        foreach_sub, missing_foreach_ops)
+from fast_parallel.compat.optim import (AVERAGED_MODELS, foreach_add_,
+                                        foreach_copy_, foreach_lerp_,
+                                        foreach_mul_, foreach_sub,
+                                        missing_foreach_ops)
+from fast_parallel.outcome import Outcome
 
 __all__ = ['FOREACH_DTYPES', 'fuse_ema', 'unfuse_ema', 'is_fused_ema']
 
@@ -73,16 +75,17 @@ def _swa(ema: StochasticWeightAverage, avg: Tensors, src: Tensors,
     foreach_add_(avg, foreach_sub(src, avg), alpha=alpha)
 
 
-#: Stock class (``module.qualname``) -> (fused class name, update).
+#: Stock class (``module.qualname``, from the seam's
+#: :data:`~fast_parallel.compat.optim.AVERAGED_MODELS`) -> (fused class name,
+#: update).
 _UPDATES: Dict[str, Tuple[str, Average]] = {
-    'mmengine.model.averaged_model.ExponentialMovingAverage':
+    AVERAGED_MODELS['ExponentialMovingAverage']:
     ('FusedExponentialMovingAverage', _ema_lerp),
-    'mmengine.model.averaged_model.MomentumAnnealingEMA':
+    AVERAGED_MODELS['MomentumAnnealingEMA']:
     ('FusedMomentumAnnealingEMA', _annealing_lerp),
-    'mmengine.model.averaged_model.StochasticWeightAverage':
+    AVERAGED_MODELS['StochasticWeightAverage']:
     ('FusedStochasticWeightAverage', _swa),
-    'mmdet.models.layers.ema.ExpMomentumEMA':
-    ('FusedExpMomentumEMA', _exp_momentum),
+    AVERAGED_MODELS['ExpMomentumEMA']: ('FusedExpMomentumEMA', _exp_momentum),
 }
 
 
@@ -276,7 +279,7 @@ def is_fused_ema(ema_model: nn.Module) -> bool:
     return isinstance(ema_model, _ForeachAveraging)
 
 
-def fuse_ema(ema_model: nn.Module) -> str:
+def fuse_ema(ema_model: nn.Module) -> Outcome:
     """Updates one averaged model with foreach ops from now on.
 
     Known stock classes only (mmengine's ``ExponentialMovingAverage``,
@@ -291,15 +294,18 @@ def fuse_ema(ema_model: nn.Module) -> str:
             ``before_run`` built it.
 
     Returns:
-        str: What was done, for the log: e.g. ``'EMA (ExpMomentumEMA): 388
-        tensors in 1 multi-tensor update'``, or why it was left stock.
+        Outcome: ``str()`` is what was done, for the log: e.g. ``'EMA
+        (ExpMomentumEMA): 388 tensors in 1 multi-tensor update'``, or why it
+        was left stock (``why``).
     """
     stock = getattr(type(ema_model), '_stock', type(ema_model))
+    name = f'EMA ({stock.__name__})'
     reason = _why_not(ema_model, stock)
     if reason is not None:
-        return f'EMA ({stock.__name__}): left stock: {reason}'
+        return Outcome(
+            name, False, reason, text=f'{name}: left stock: {reason}')
     ema_model.__class__ = _make_fused(stock)
-    return _summary(ema_model, stock)
+    return Outcome(name, True, text=_summary(ema_model, stock))
 
 
 def unfuse_ema(ema_model: nn.Module) -> None:

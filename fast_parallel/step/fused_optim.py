@@ -20,6 +20,7 @@ from fast_parallel.compat.optim import (MISSING_INTERNALS,
                                         graph_capture_health_check, init_group,
                                         patch_step_function, unhooked_step,
                                         use_grad_for_differentiable)
+from fast_parallel.outcome import Outcome
 from fast_parallel.step.adam_foreach import (multi_tensor_adam,
                                              read_once_reason, static_reason)
 from fast_parallel.step.optim_buckets import (ADAM_KEYS, SGD_KEYS, Bucket,
@@ -255,7 +256,16 @@ def _planned_steps(optimizer: Optimizer, stock: type) -> int:
                 for group in optimizer.param_groups})
 
 
-def fuse_optimizer(optimizer: Optimizer) -> str:
+def _left_stock(subject: str, why: str) -> Outcome:
+    """An optimizer left stock: ``optimizer: SGD left stock (<why>)``."""
+    return Outcome(
+        'optimizer',
+        False,
+        why,
+        text=f'optimizer: {subject} left stock ({why})')
+
+
+def fuse_optimizer(optimizer: Optimizer) -> Outcome:
     """Makes ``optimizer.step`` one call per distinct hyper-parameter set.
 
     The instance's class becomes :class:`FusedSGD`, :class:`FusedAdam` or
@@ -267,42 +277,51 @@ def fuse_optimizer(optimizer: Optimizer) -> str:
             (exactly those types). Anything else is left as it is.
 
     Returns:
-        str: One line for the log, e.g. ``"optimizer: SGD 240 groups -> 2
-        fused steps"``, or why the optimizer was left stock.
+        Outcome: ``str()`` is one line for the log, e.g. ``"optimizer: SGD
+        240 groups -> 2 fused steps"``, or says why the optimizer was left
+        stock (``why``).
     """
     name = type(optimizer).__name__
     stock = _STOCK.get(type(optimizer), type(optimizer))
     if MISSING_INTERNALS:
-        return (f'optimizer: {name} left stock (torch {torch.__version__} '
-                f'lacks {", ".join(MISSING_INTERNALS)}, which the fused '
-                f'step uses; checked on torch {CHECKED_ON["torch"]})')
+        return _left_stock(
+            name, f'torch {torch.__version__} lacks '
+            f'{", ".join(MISSING_INTERNALS)}, which the fused step uses; '
+            f'checked on torch {CHECKED_ON["torch"]}')
     if stock not in _FUSED:
-        return (f'optimizer: {name} left stock (only torch.optim.SGD, Adam '
-                'and AdamW themselves have a fused step)')
+        return _left_stock(
+            name, 'only torch.optim.SGD, Adam and AdamW themselves have a '
+            'fused step')
     for group in optimizer.param_groups:
         for flag in ('fused', 'capturable', 'differentiable'):
             if group.get(flag):
-                return (f'optimizer: {name} left stock ({flag}=True is '
-                        'out of scope)')
+                return _left_stock(name, f'{flag}=True is out of scope')
     groups = len(optimizer.param_groups)
+    plural = 's' if groups != 1 else ''
     steps = _planned_steps(optimizer, stock)
     read_once = stock is not SGD and all(
         static_reason(group) is None and adam_foreach(group, group['params'])
         for group in optimizer.param_groups)
     if steps >= groups and not read_once:
         unfuse_optimizer(optimizer)
-        return (f'optimizer: {stock.__name__} {groups} '
-                f'group{"s" if groups != 1 else ""}, left stock (nothing '
-                'to fuse: no two groups share their hyper-parameters)')
+        why = 'nothing to fuse: no two groups share their hyper-parameters'
+        return Outcome(
+            'optimizer',
+            False,
+            why,
+            text=f'optimizer: {stock.__name__} {groups} group{plural}, left '
+            f'stock ({why})')
     if type(optimizer) is stock:
         optimizer.__class__ = _FUSED[stock]
         # Wraps the new class's step with torch's step hooks (once per
         # class), as Optimizer.__init__ does for every optimizer class.
         patch_step_function(optimizer)
-    plural = 's' if groups != 1 else ''
     line = (f'optimizer: {stock.__name__} {groups} group{plural} -> {steps} '
             f'fused step{"s" if steps != 1 else ""}')
-    return line + (', step counts read in one go' if read_once else '')
+    return Outcome(
+        'optimizer',
+        True,
+        text=line + (', step counts read in one go' if read_once else ''))
 
 
 def unfuse_optimizer(optimizer: Optimizer) -> None:
@@ -317,7 +336,7 @@ def unfuse_optimizer(optimizer: Optimizer) -> None:
         patch_step_function(optimizer)
 
 
-def fuse_optim_wrapper(optim_wrapper: Any) -> str:
+def fuse_optim_wrapper(optim_wrapper: Any) -> Outcome:
     """Applies :func:`fuse_optimizer` to the optimizers of an mmengine wrapper.
 
     ``OptimWrapper`` and ``AmpOptimWrapper`` hold one optimizer;
@@ -333,15 +352,26 @@ def fuse_optim_wrapper(optim_wrapper: Any) -> str:
             ``OptimWrapperDict`` or a bare ``torch.optim.Optimizer``.
 
     Returns:
-        str: The summaries, ``'; '``-joined (prefixed by name for a dict).
+        Outcome: The optimizer's; for a dict, one made of each wrapper's
+        (``parts``), whose line is theirs ``'; '``-joined, each prefixed by
+        its name.
     """
     from mmengine.optim import OptimWrapper, OptimWrapperDict
     if isinstance(optim_wrapper, OptimWrapperDict):
-        return '; '.join(f'{name}: {fuse_optim_wrapper(wrapper)}'
-                         for name, wrapper in optim_wrapper.items())
+        named = [(name, fuse_optim_wrapper(wrapper))
+                 for name, wrapper in optim_wrapper.items()]
+        done = any(outcome.done for _, outcome in named)
+        return Outcome(
+            'optimizer',
+            done,
+            None if done else '; '.join(f'{name}: {outcome.why}'
+                                        for name, outcome in named),
+            text='; '.join(f'{name}: {outcome}' for name, outcome in named),
+            parts=tuple(outcome for _, outcome in named))
     if isinstance(optim_wrapper, OptimWrapper):
         return fuse_optimizer(optim_wrapper.optimizer)
     if isinstance(optim_wrapper, Optimizer):
         return fuse_optimizer(optim_wrapper)
-    return (f'optimizer: {type(optim_wrapper).__name__} left stock (not an '
-            'optimizer or mmengine optimizer wrapper)')
+    return _left_stock(
+        type(optim_wrapper).__name__,
+        'not an optimizer or mmengine optimizer wrapper')

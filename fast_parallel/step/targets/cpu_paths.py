@@ -29,6 +29,9 @@ OPS: Dict[str, Tuple[Callable[[Tensor], Tensor], Callable]] = {
     # RTMDet's soft centre prior, ``torch.pow(10, distance - radius)``
     'pow10': (lambda x: torch.pow(10, x),
               lambda g, n: torch.rand(n, generator=g) * 13 - 3),
+    # CenterPoint's box targets: each object's rotation and dimensions
+    'sin': (torch.sin, lambda g, n: torch.randn(n, generator=g) * 4),
+    'cos': (torch.cos, lambda g, n: torch.randn(n, generator=g) * 4),
     # Not recomputed, only checked (require_same_paths): the BCE of SimOTA's
     # class cost against targets 0 and 1.
     'bce0': (lambda x: F.binary_cross_entropy(
@@ -93,18 +96,43 @@ def _indices(ranges: Sequence[Tuple[int, int]], offset: int = 0) -> Set[int]:
     return {offset + i for begin, end in ranges for i in range(begin, end)}
 
 
-@functools.lru_cache(maxsize=None)
-def calibrate(name: str, threads: int) -> int:
-    """The vector step of op ``name`` if its two loops differ, else 0.
+def _every_value(dtype: torch.dtype) -> Tensor:
+    """Every finite value of a 16-bit float dtype, in two halves of
+    :data:`GRAIN` (each runs as one serial loop)."""
+    bits = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16)
+    values = bits.view(dtype)
+    return values[torch.isfinite(values)]
 
-    Finds a value whose vector and scalar results differ (from a private
-    generator: the global random state is left alone) and checks, on tensors
-    of many sizes, that exactly the elements :func:`scalar_ranges` names get
-    the scalar result.
+
+def _differing(op: Callable[[Tensor], Tensor], values: Tensor) -> Tensor:
+    """The values whose vector and scalar results differ (each block of
+    :data:`GRAIN` computed as one serial loop)."""
+    found = []
+    for block in values.split(GRAIN):
+        vector, scalar = op(block), op(_strided(block))
+        same = (vector == scalar) | (torch.isnan(vector) & torch.isnan(scalar))
+        found.append(block[~same])
+    return torch.cat(found)
+
+
+@functools.lru_cache(maxsize=None)
+def calibrate(name: str,
+              threads: int,
+              dtype: torch.dtype = torch.float32) -> int:
+    """The vector step of op ``name`` on ``dtype`` if its two loops differ,
+    else 0.
+
+    Finds a value whose vector and scalar results differ (float32: from a
+    private generator, the global random state is left alone; a 16-bit
+    float: among every one of its values, so 0 is a proof) and checks, on
+    tensors of many sizes, that exactly the elements :func:`scalar_ranges`
+    names get the scalar result.
 
     Args:
         name (str): A key of :data:`OPS`.
         threads (int): The thread count to check the model with.
+        dtype (torch.dtype): The input dtype (float32, float16 or
+            bfloat16). Defaults to float32.
 
     Returns:
         int: ``2 * Vectorized::size()``, or 0 when the two loops gave the same
@@ -114,12 +142,14 @@ def calibrate(name: str, threads: int) -> int:
         PathModelError: When no step explains what the build does.
     """
     op, sample = OPS[name]
-    values = sample(torch.Generator().manual_seed(0), GRAIN)
-    vector, scalar = op(values), op(_strided(values))  # GRAIN: one serial loop
-    differ = (vector != scalar).nonzero()
+    if dtype == torch.float32:
+        values = sample(torch.Generator().manual_seed(0), GRAIN)
+    else:
+        values = _every_value(dtype)
+    differ = _differing(op, values)
     if differ.numel() == 0:
         return 0
-    marker = values[differ[0, 0]].reshape(1)
+    marker = differ[:1]
     marked = op(_strided(marker))
     sizes = list(range(1, 130)) + [GRAIN + 1, 2 * GRAIN + 3, 5 * GRAIN + 77]
     seen = {}
@@ -155,7 +185,7 @@ def as_stock(name: str, x: Tensor, sizes: Sequence[int]) -> Tensor:
     if x.device.type != 'cpu':
         return out
     threads = torch.get_num_threads()
-    step = calibrate(name, threads)
+    step = calibrate(name, threads, x.dtype)
     if not step:
         return out
     if not x.is_contiguous() or sum(sizes) != x.numel():
@@ -181,14 +211,15 @@ def as_stock(name: str, x: Tensor, sizes: Sequence[int]) -> Tensor:
     return out
 
 
-def require_same_paths(name: str) -> None:
+def require_same_paths(name: str, dtype: torch.dtype = torch.float32) -> None:
     """Checks that op ``name``'s two CPU loops agree on this build.
 
     Args:
         name (str): A key of :data:`OPS`.
+        dtype (torch.dtype): The input dtype. Defaults to float32.
 
     Raises:
         PathModelError: When they differ (the op is not recomputed here).
     """
-    if calibrate(name, torch.get_num_threads()):
+    if calibrate(name, torch.get_num_threads(), dtype):
         raise PathModelError(f'{name}: vector and scalar loops differ')

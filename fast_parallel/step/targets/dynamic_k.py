@@ -10,7 +10,7 @@ otherwise (ties at the top-k boundary, equal minima, a sum too close to an
 integer, too few valid priors). Why each step is exact:
 ``docs/targets_yolox.md``.
 """
-from typing import List, NamedTuple, Sequence
+from typing import List, NamedTuple, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -125,8 +125,28 @@ def match(pairs: Pairs,
     Returns:
         Assignment: Positives, their ground truths and IoUs, fallbacks.
     """
-    num_imgs, num_priors, width = ious.shape
-    device = ious.device
+    num_imgs = ious.shape[0]
+    cost, bad = _cost_grid(pairs, pair_cost, ious.shape, inf_is_bad)
+    dynamic_ks, near_int = _dynamic_k(pairs, ious, gt_mask, candidate_topk)
+    matching, edge_tie = _cheapest(pairs, cost, dynamic_ks, gt_mask,
+                                   candidate_topk, inf_is_bad)
+    pos, gt_of, min_tie = _resolve(cost, matching, edge_tie, min_tie_stock)
+    # Stock sums (matching * ious) over a row with one 1: the IoU itself,
+    # and +0. for a zero of either sign, as "+ 0." gives.
+    pos_iou = ious.gather(-1, gt_of.unsqueeze(-1)).squeeze(-1) + 0.
+    flags = host_values(bad + edge_tie.long() + min_tie.long() +
+                        near_int.long(), pos.sum(1))  # host sync 2 of 2
+    fallback = _fallbacks(flags[:num_imgs], pairs, counts,
+                          candidate_topk if few_valid_stock else 0, few_pairs)
+    return Assignment(pos, gt_of, pos_iou, fallback, flags[num_imgs:], cost,
+                      dynamic_ks.squeeze(1))
+
+
+def _cost_grid(pairs: Pairs, pair_cost: Tensor, shape: torch.Size,
+               inf_is_bad: bool) -> Tuple[Tensor, Tensor]:
+    """``(B, N, G)`` costs (``inf`` off the pairs) and, per image, how many
+    of its pair costs are bad (NaN, or not finite with ``inf_is_bad``)."""
+    num_imgs, num_priors, width = shape
     cost = pair_cost.new_full((num_imgs * num_priors * width, ), float('inf'))
     cost[pairs.flat] = pair_cost
     cost = cost.view(num_imgs, num_priors, width)
@@ -134,11 +154,18 @@ def match(pairs: Pairs,
         pair_cost)
     bad = torch.zeros(
         num_imgs, dtype=torch.long,
-        device=device).index_add_(0, pairs.imgs, bad_cost.long())
+        device=cost.device).index_add_(0, pairs.imgs, bad_cost.long())
+    return cost, bad
 
-    # dynamic k: the top candidate_topk IoUs over the valid priors (others
-    # are 0 here and, with >= candidate_topk valid priors, never counted).
-    topk = min(candidate_topk, num_priors)
+
+def _dynamic_k(pairs: Pairs, ious: Tensor, gt_mask: Tensor,
+               candidate_topk: int) -> Tuple[Tensor, Tensor]:
+    """Each ground truth's k, ``(B, 1, G)``, and per image whether a sum
+    was too close to an integer for the order of its terms not to matter.
+    """
+    # The top candidate_topk IoUs over the valid priors (others are 0 here
+    # and, with >= candidate_topk valid priors, never counted).
+    topk = min(candidate_topk, ious.shape[1])
     topk_sum = ious.masked_fill(~pairs.mask, 0.).topk(topk, dim=1)[0].sum(1)
     dynamic_ks = torch.clamp(topk_sum.int(), min=1).long().unsqueeze(1)
     # Stock sums the same values in another order (a CPU sum's order depends
@@ -149,11 +176,19 @@ def match(pairs: Pairs,
     exact = topk_sum.double()
     near_int = (((exact + slack).floor().clamp(min=1)
                  != (exact - slack).floor().clamp(min=1)) & gt_mask).any(1)
-    # The k cheapest valid priors of each ground truth, and the next one:
-    # equal costs at the boundary make stock's choice implementation-defined.
+    return dynamic_ks, near_int
+
+
+def _cheapest(pairs: Pairs, cost: Tensor, dynamic_ks: Tensor, gt_mask: Tensor,
+              candidate_topk: int, inf_is_bad: bool) -> Tuple[Tensor, Tensor]:
+    """The k cheapest valid priors of each ground truth, ``(B, N, G)``
+    uint8, and per image whether the choice ties at its boundary."""
+    num_priors = cost.shape[1]
+    # ... and the next one: equal costs at the boundary make stock's choice
+    # implementation-defined.
     depth = min(candidate_topk + 1, num_priors)
     values, index = cost.topk(depth, dim=1, largest=False)
-    rank = torch.arange(depth, device=device).view(1, -1, 1)
+    rank = torch.arange(depth, device=cost.device).view(1, -1, 1)
     taken = (rank < dynamic_ks) & gt_mask.unsqueeze(1)
     chosen = taken & torch.isfinite(values)
     last = values.gather(1, (dynamic_ks - 1).clamp(max=depth - 1))
@@ -168,6 +203,13 @@ def match(pairs: Pairs,
             has_valid
     matching = torch.zeros_like(
         cost, dtype=torch.uint8).scatter_(1, index, chosen.to(torch.uint8))
+    return matching, edge_tie
+
+
+def _resolve(cost: Tensor, matching: Tensor, edge_tie: Tensor,
+             min_tie_stock: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """Positives ``(B, N)``, their ground truth, and per image whether a
+    prior matched more than once has equal cheapest costs."""
     # A prior matched more than once keeps its cheapest ground truth (the
     # first of equal minima, as torch documents min(dim)).
     matches = matching.sum(-1)
@@ -179,19 +221,16 @@ def match(pairs: Pairs,
     else:
         min_tie = torch.zeros_like(edge_tie)
     gt_of = torch.where(multiple, argmin, matching.argmax(-1))
-    pos = matches > 0
-    # Stock sums (matching * ious) over a row with one 1: the IoU itself,
-    # and +0. for a zero of either sign, as "+ 0." gives.
-    pos_iou = ious.gather(-1, gt_of.unsqueeze(-1)).squeeze(-1) + 0.
-    flags = host_values(bad + edge_tie.long() + min_tie.long() +
-                        near_int.long(), pos.sum(1))  # host sync 2 of 2
-    # Fewer valid priors than candidate_topk: stock sums fewer IoUs (CUDA's
-    # reduction tree depends on how many).
-    few_valid = candidate_topk if few_valid_stock else 0
-    fallback = [
+    return matches > 0, gt_of, min_tie
+
+
+def _fallbacks(flags: Sequence[int], pairs: Pairs, counts: Sequence[int],
+               few_valid: int, few_pairs: int) -> List[bool]:
+    """Per image: whether stock must compute it. Besides a flag, fewer valid
+    priors than ``few_valid`` (stock sums fewer IoUs; CUDA's reduction tree
+    depends on how many) or fewer pairs than ``few_pairs``."""
+    return [
         flags[i] > 0 or counts[i] > 0 and
         (0 < pairs.num_valid[i] < few_valid or 0 < pairs.sizes[i] < few_pairs)
-        for i in range(num_imgs)
+        for i in range(len(counts))
     ]
-    return Assignment(pos, gt_of, pos_iou, fallback, flags[num_imgs:], cost,
-                      dynamic_ks.squeeze(1))

@@ -16,6 +16,7 @@ from mmengine.model import is_model_wrapper
 from torch import nn
 
 from fast_parallel.compat import YOLOX_HEAD_METHODS
+from fast_parallel.outcome import Outcome
 from fast_parallel.step.targets.stats import TargetStats
 
 
@@ -30,6 +31,7 @@ class Covered(NamedTuple):
     :func:`~fast_parallel.step.targets.stock_way.batch_targets`).
     ``stock_targets`` are the (dotted) methods a stock head computes its
     targets in, which the op counter times as the targets phase.
+    ``assigner`` is empty for a head without one (``CenterHead``).
     """
     head: str
     assigner: str
@@ -71,6 +73,13 @@ COVERED: Tuple[Covered, ...] = (
         replaces=('loss_by_feat', ),
         stock_targets=('get_anchors', 'get_targets'))
       for head in ('RetinaHead', 'RPNHead')),
+    Covered(
+        head='CenterHead',
+        assigner='',
+        package='centerpoint',
+        unit='samples',
+        replaces=('get_targets', ),
+        stock_targets=('get_targets', )),
     Covered(
         head='StandardRoIHead',
         assigner='MaxIoUAssigner',
@@ -114,7 +123,8 @@ def install(head: nn.Module, covered: Covered) -> TargetStats:
     Returns:
         TargetStats: The head's counter (also ``head.fast_target_stats``).
     """
-    stats = TargetStats(f'{covered.head}/{covered.assigner}', covered.unit)
+    name = '/'.join(filter(None, (covered.head, covered.assigner)))
+    stats = TargetStats(name, covered.unit)
     module = family(covered)
     head.fast_target_stats = stats
     for name in covered.replaces:
@@ -171,8 +181,17 @@ def _covering(head: nn.Module) -> Optional[Covered]:
     return next((c for c in COVERED if c.head == type(head).__name__), None)
 
 
+def _head_outcome(head: nn.Module, why: Optional[str]) -> Outcome:
+    """One head's part of the line: ``<head>/<assigner> batched``, or
+    ``... stock (<why>)``."""
+    label = _label(head)
+    if why is None:
+        return Outcome(label, True, text=f'{label} batched')
+    return Outcome(label, False, why, text=f'{label} stock ({why})')
+
+
 def switch_targets(model: nn.Module,
-                   enabled: bool = True) -> Tuple[str, List[TargetStats]]:
+                   enabled: bool = True) -> Tuple[Outcome, List[TargetStats]]:
     """Switches every covered head of ``model`` to batched targets.
 
     Args:
@@ -180,25 +199,28 @@ def switch_targets(model: nn.Module,
         enabled (bool): False leaves every head stock. Defaults to True.
 
     Returns:
-        tuple: The ``targets: ...`` part of the start-of-run line, e.g.
-        ``targets: YOLOXHead/SimOTAAssigner batched``, and the counters of
+        tuple: The ``targets`` outcome, one of its ``parts`` per head, whose
+        line is the ``targets: ...`` part of the start-of-run line, e.g.
+        ``targets: YOLOXHead/SimOTAAssigner batched``; and the counters of
         the switched heads.
     """
     if not enabled:
-        return 'targets: left stock (fast_targets=False)', []
-    parts, stats = [], []
+        return Outcome('targets', False, 'fast_targets=False'), []
+    heads, stats = [], []
     for head, covered in target_heads(model):
         if isinstance(getattr(head, 'fast_target_stats', None), TargetStats):
             stats.append(head.fast_target_stats)  # switched by an earlier run
-            parts.append(f'{_label(head)} batched')
+            heads.append(_head_outcome(head, None))
             continue
         if covered is None:
-            parts.append(f'{_label(head)} stock (not covered)')
+            heads.append(_head_outcome(head, 'not covered'))
             continue
         why = supported(head, covered)
-        if why is not None:
-            parts.append(f'{_label(head)} stock ({why})')
-            continue
-        stats.append(install(head, covered))
-        parts.append(f'{_label(head)} batched')
-    return 'targets: ' + (', '.join(parts) or 'no dense head found'), stats
+        if why is None:
+            stats.append(install(head, covered))
+        heads.append(_head_outcome(head, why))
+    done = any(h.done for h in heads)
+    why = None if done else ('; '.join(f'{h.name}: {h.why}' for h in heads)
+                             or 'no dense head found')
+    text = 'targets: ' + (', '.join(map(str, heads)) or 'no dense head found')
+    return Outcome('targets', done, why, text=text, parts=tuple(heads)), stats

@@ -158,8 +158,9 @@ def _targets_one_set(head: Any, assigner: Any, anchors: Tensor, boxes: Tensor,
             torch.where(pos, dirs, 0), pos.float(), pos.sum(1), neg.sum(1))
 
 
-def _batched(head: Any, anchors: Tensor, boxes: List[Tensor],
-             labels: List[Tensor], num_classes: int) -> Tuple[Tensor, ...]:
+def _batch_target_tensors(head: Any, anchors: Tensor, boxes: List[Tensor],
+                          labels: List[Tensor],
+                          num_classes: int) -> Tuple[Tensor, ...]:
     """``anchor_target_3d_single`` for all samples: one or per-class sets."""
     boxes, labels, valid, _ = pad_gts(boxes, labels, anchors.device, 1)
     if not isinstance(head.bbox_assigner, list):
@@ -275,7 +276,8 @@ def anchor_target_3d_batched(
             instances.bboxes_3d = gts[i]  # stock's side effect
         boxes.append(gts[i])
         labels.append(instances.labels_3d)
-    out = list(_batched(head, anchors, boxes, labels, num_classes))
+    out = list(
+        _batch_target_tensors(head, anchors, boxes, labels, num_classes))
     stock_way.count(len(stock))
     for i in stock:
         single = type(head).anchor_target_3d_single(

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fast_parallel.step.targets import cpu_paths
-from fast_parallel.step.targets.dynamic_k import (Assignment, match, nonzero,
-                                                  pairs_of)
+from fast_parallel.step.targets.dynamic_k import (Assignment, Pairs, match,
+                                                  nonzero, pairs_of)
 
 __all__ = ['Assignment', 'assign', 'build_targets']
 
@@ -39,30 +39,9 @@ def assign(assigner: Any, scores: Tensor, valid: Tensor, in_both: Tensor,
     Returns:
         Assignment: Positives, their ground truths and IoUs, fallbacks.
     """
-    num_classes, device = scores.shape[-1], scores.device
-    width = gt_mask.shape[1]
     pairs = pairs_of(valid, gt_mask, counts)  # host sync 1 of 2
-    onehot = F.one_hot(
-        labels.reshape(-1)[pairs.imgs * width + pairs.cols].to(torch.int64),
-        num_classes).float()
-    if device.type == 'cpu':  # BCE is elementwise per pair only if so
-        cpu_paths.require_same_paths('bce0')
-        cpu_paths.require_same_paths('bce1')
-    with torch.autocast('cuda', enabled=False):  # as stock
-        cls_cost = F.binary_cross_entropy(
-            scores.reshape(-1,
-                           num_classes)[pairs.rows].to(dtype=torch.float32),
-            onehot,
-            reduction='none').sum(-1).to(dtype=scores.dtype)
-    iou_cost = -cpu_paths.as_stock('log',
-                                   ious.reshape(-1)[pairs.flat] + eps,
-                                   pairs.sizes)
-    pair_cost = (
-        cls_cost * assigner.cls_weight + iou_cost * assigner.iou_weight +
-        (~in_both.reshape(-1)[pairs.flat]) * inf)
-    # CUDA, >= 64 classes: the class cost sums of an image with < 16 pairs
-    # use another block shape.
-    few_pairs = 16 if device.type == 'cuda' and num_classes >= 64 else 0
+    pair_cost = _pair_costs(assigner, scores, in_both, ious, labels, pairs,
+                            inf, eps)
     return match(
         pairs,
         pair_cost,
@@ -71,12 +50,57 @@ def assign(assigner: Any, scores: Tensor, valid: Tensor, in_both: Tensor,
         counts,
         assigner.candidate_topk,
         inf_is_bad=True,
-        few_pairs=few_pairs)
+        few_pairs=_few_pairs(scores))
+
+
+def _pair_costs(assigner: Any, scores: Tensor, in_both: Tensor, ious: Tensor,
+                labels: Tensor, pairs: Pairs, inf: float,
+                eps: float) -> Tensor:
+    """Stock's cost of each valid pair: class cost, IoU cost, and ``inf``
+    for a prior outside the box or its centre region (arguments as
+    :func:`assign`'s).
+
+    Returns:
+        Tensor: ``(P,)``, in :func:`pairs_of`'s order.
+    """
+    cls_cost = _class_costs(scores, labels, pairs)
+    iou_cost = -cpu_paths.as_stock('log',
+                                   ious.reshape(-1)[pairs.flat] + eps,
+                                   pairs.sizes)
+    return (cls_cost * assigner.cls_weight + iou_cost * assigner.iou_weight +
+            (~in_both.reshape(-1)[pairs.flat]) * inf)
+
+
+def _class_costs(scores: Tensor, labels: Tensor, pairs: Pairs) -> Tensor:
+    """Each pair's binary cross-entropy of its prior's scores against its
+    ground truth's one-hot label, summed over the classes, as stock."""
+    num_classes, width = scores.shape[-1], labels.shape[1]
+    onehot = F.one_hot(
+        labels.reshape(-1)[pairs.imgs * width + pairs.cols].to(torch.int64),
+        num_classes).float()
+    if scores.device.type == 'cpu':  # BCE is elementwise per pair only if so
+        cpu_paths.require_same_paths('bce0')
+        cpu_paths.require_same_paths('bce1')
+    with torch.autocast('cuda', enabled=False):  # as stock
+        return F.binary_cross_entropy(
+            scores.reshape(-1,
+                           num_classes)[pairs.rows].to(dtype=torch.float32),
+            onehot,
+            reduction='none').sum(-1).to(dtype=scores.dtype)
+
+
+def _few_pairs(scores: Tensor) -> int:
+    """Images with fewer pairs go the stock way: on CUDA, with >= 64
+    classes, the class cost sums of an image with < 16 pairs use another
+    block shape."""
+    return 16 if scores.device.type == 'cuda' and scores.shape[-1] >= 64 \
+        else 0
 
 
 def build_targets(head: Any, priors: Tensor, cls: Tensor, obj: Tensor,
-                  gt: Tensor, labels: Tensor, found: Assignment,
-                  xyxy_to_cxcywh: Callable[[Tensor], Tensor],
+                  gt: Tensor, labels: Tensor, gt_counts: Sequence[int],
+                  found: Assignment, xyxy_to_cxcywh: Callable[[Tensor],
+                                                              Tensor],
                   l1_eps: float) -> List[tuple]:
     """The rest of ``_get_targets_single``: the six results per image.
 
@@ -87,6 +111,7 @@ def build_targets(head: Any, priors: Tensor, cls: Tensor, obj: Tensor,
         obj (Tensor): ``(B, N)`` objectness logits (for dtypes).
         gt (Tensor): ``(B, G, 4)`` padded boxes.
         labels (Tensor): ``(B, G)`` padded labels.
+        gt_counts (Sequence[int]): Ground truths per image.
         found (Assignment): From :func:`assign`.
         xyxy_to_cxcywh (Callable): mmdet's ``bbox_xyxy_to_cxcywh``.
         l1_eps (float): ``YOLOXHead._get_l1_target``'s ``eps``.
@@ -113,6 +138,16 @@ def build_targets(head: Any, priors: Tensor, cls: Tensor, obj: Tensor,
         l1[:, 2:] = cpu_paths.as_stock('log',
                                        box[:, 2:] / pos_priors[:, 2:] + l1_eps,
                                        [2 * n for n in counts])
-    parts = [t.split(counts) for t in (cls_target, bbox, l1)]
+    parts = [list(t.split(counts)) for t in (cls_target, bbox, l1)]
+    for i in range(num_imgs):
+        if counts[i]:
+            continue
+        # Stock's early returns make their (empty) targets in the
+        # predictions' dtype: without ground truths the class and box
+        # targets, without valid priors (max_overlaps.new_zeros) the class
+        # targets. The same bits under float32; under AMP, float16.
+        parts[0][i] = cls.new_zeros((0, num_classes))
+        if not gt_counts[i]:
+            parts[1][i] = cls.new_zeros((0, 4))
     return [(found.pos[i], parts[0][i], obj_target[i], parts[1][i],
              parts[2][i], counts[i]) for i in range(num_imgs)]

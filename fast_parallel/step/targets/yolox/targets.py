@@ -23,6 +23,8 @@ from fast_parallel.step.targets.yolox import simota
 
 #: ``YOLOXHead._get_l1_target``'s default ``eps``, which is reproduced here.
 _L1_EPS = 1e-8
+#: The prediction dtypes covered (float16 and bfloat16: under AMP).
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Methods an instance must not override to be covered.
 _HEAD_METHODS = YOLOX_HEAD_METHODS
 _ASSIGNER_METHODS = ('assign', 'get_in_gt_and_in_center_info',
@@ -109,7 +111,7 @@ def yolox_targets(head: Any,
     rows: List[Optional[tuple]] = [None] * num_imgs
     if _batch_reason(head, *args, batch_gt_instances, ignore) is None:
         try:
-            rows = _batched(head, *args, batch_gt_instances)
+            rows = _image_results_or_none(head, *args, batch_gt_instances)
         except cpu_paths.PathModelError:
             rows = [None] * num_imgs
     stock = _stock_single(head)
@@ -139,11 +141,16 @@ def _batch_reason(head: Any, priors: Tensor, cls: Tensor, boxes: Tensor,
             or priors.dim() == 3 and priors.shape[0] != num_imgs
             or len(gts) != num_imgs or num_priors == 0):
         return 'shapes'
-    tensors = [priors, cls, boxes, obj] + [g.bboxes for g in gts]
+    preds = [priors, cls, boxes, obj]
     if any(
-            type(t) is not Tensor or t.dtype != f32 or t.device != device
-            for t in tensors):
-        return 'dtypes or devices (float32 tensors on one device covered)'
+            type(t) is not Tensor or t.dtype != cls.dtype or t.device != device
+            for t in preds) or cls.dtype not in _DTYPES:
+        return 'dtypes or devices (predictions of one of float32, float16 ' \
+            'and bfloat16, on one device, covered)'
+    if any(
+            type(g.bboxes) is not Tensor or g.bboxes.dtype != f32
+            or g.bboxes.device != device for g in gts):
+        return 'ground truth boxes not float32 on the predictions\' device'
     for gt in gts:
         labels = gt.labels
         if (gt.bboxes.dim() != 2 or gt.bboxes.shape[1] != 4
@@ -242,14 +249,16 @@ def assign_batch(
 
 
 @torch.no_grad()
-def _batched(head: Any, priors: Tensor, cls: Tensor, boxes: Tensor,
-             obj: Tensor, gts: Sequence[Any]) -> List[Optional[tuple]]:
+def _image_results_or_none(head: Any, priors: Tensor, cls: Tensor,
+                           boxes: Tensor, obj: Tensor,
+                           gts: Sequence[Any]) -> List[Optional[tuple]]:
     """The per-image result tuples; None for an image stock must compute."""
     assigned = assign_batch(head, priors, cls, boxes, obj, gts)
     if assigned is None:  # no ground truth anywhere: stock's first branch
         return _no_targets(cls, cls.shape[0])
     gt, labels, found = assigned
-    out = simota.build_targets(head, priors, cls, obj, gt, labels, found,
+    out = simota.build_targets(head, priors, cls, obj, gt, labels,
+                               [len(g.bboxes) for g in gts], found,
                                upstream('bbox_xyxy_to_cxcywh'), _L1_EPS)
     return [None if found.fallback[i] else row for i, row in enumerate(out)]
 

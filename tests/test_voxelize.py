@@ -1,0 +1,158 @@
+"""fast_parallel.step.voxelize: one pass of hard voxelisation for the whole
+batch gives exactly what ``Det3DDataPreprocessor.voxelize`` gets from mmcv's
+``Voxelization`` sample by sample: voxels, coordinates with the batch
+column, point counts and centres, in the same order."""
+import random
+from typing import List
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fast_parallel.bench.opcount import OpCounter
+from fast_parallel.compat import ITEM_OP
+from fast_parallel.step.voxelize.hard import grid_size, hard_voxelize_batch
+
+CUDA = torch.cuda.is_available()
+DEVICES = [
+    'cpu',
+    pytest.param(
+        'cuda', marks=pytest.mark.skipif(not CUDA, reason='needs CUDA'))
+]
+#: (voxel_size, point_cloud_range) of mmdet3d recipes, and a small grid.
+GRIDS = [
+    ([0.2, 0.2, 8], [-51.2, -51.2, -5.0, 51.2, 51.2, 3.0]),  # CenterPoint
+    ([0.16, 0.16, 4], [0, -39.68, -3, 69.12, 39.68, 1]),  # PointPillars
+    ([0.05, 0.05, 0.1], [0, -40, -3, 70.4, 40, 1]),  # SECOND
+    ([0.5, 0.5, 0.5], [-3, -3, -3, 3, 3, 3]),
+]
+
+
+def stock(points: List[torch.Tensor], layer) -> tuple:
+    """mmdet3d 1.4.0's ``Det3DDataPreprocessor.voxelize`` (voxel_type
+    'hard'), on these points."""
+    voxels, coors, num_points, centers = [], [], [], []
+    for i, res in enumerate(points):
+        res_voxels, res_coors, res_num_points = layer(res)
+        res_centers = (res_coors[:, [2, 1, 0]] + 0.5) * res_voxels.new_tensor(
+            layer.voxel_size) + res_voxels.new_tensor(
+                layer.point_cloud_range[0:3])
+        res_coors = F.pad(res_coors, (1, 0), mode='constant', value=i)
+        voxels.append(res_voxels)
+        coors.append(res_coors)
+        num_points.append(res_num_points)
+        centers.append(res_centers)
+    return (torch.cat(voxels), torch.cat(coors), torch.cat(num_points),
+            torch.cat(centers))
+
+
+def _cloud(rng: random.Random, gen: torch.Generator, n: int, pcr: list,
+           channels: int, voxel_size: list) -> torch.Tensor:
+    """``n`` points around the range: outside it, on its edges, on voxel
+    boundaries, duplicated."""
+    low, high = torch.tensor(pcr[:3]), torch.tensor(pcr[3:])
+    xyz = low - 1 + torch.rand(n, 3, generator=gen) * (high - low + 2)
+    if n and rng.random() < 0.5:  # duplicates
+        k = n // 3
+        xyz[:k] = xyz[k:2 * k]
+    if n and rng.random() < 0.4:  # exactly on the range's edges
+        k = min(n, 4)
+        xyz[:k, 0] = high[0]
+        xyz[k:2 * k, 1] = low[1]
+        xyz[2 * k:3 * k, 2] = high[2] - 1e-6
+    if n and rng.random() < 0.3:  # on voxel boundaries
+        size = torch.tensor(voxel_size)
+        xyz = torch.round(xyz / size) * size
+    features = torch.rand(n, channels - 3, generator=gen)
+    return torch.cat([xyz, features], dim=1)
+
+
+def _layer(voxel_size, pcr, max_points, max_voxels):
+    from mmdet3d.models.data_preprocessors.voxelize import \
+        VoxelizationByGridShape
+    layer = VoxelizationByGridShape(
+        voxel_size=voxel_size,
+        point_cloud_range=pcr,
+        max_num_points=max_points,
+        max_voxels=(max_voxels, max_voxels + 7))
+    return layer.train()
+
+
+def assert_same(ref: tuple, out: tuple) -> None:
+    for name, a, b in zip(('voxels', 'coors', 'num_points', 'centers'), ref,
+                          out):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize('device', DEVICES)
+@pytest.mark.parametrize('seed', range(6))
+def test_equals_per_sample_voxelization(seed, device):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(25):
+        voxel_size, pcr = rng.choice(GRIDS)
+        max_points = rng.choice([1, 2, 5, 20, 35])
+        max_voxels = rng.choice([1, 3, 40, 20000])  # caps reached and not
+        channels = rng.choice([4, 5])
+        points = [
+            _cloud(rng, gen, rng.choice([0, 1, 9, 300, 4000]), pcr, channels,
+                   voxel_size).to(device)
+            for _ in range(rng.choice([1, 2, 3, 6]))
+        ]
+        layer = _layer(voxel_size, pcr, max_points, max_voxels)
+        out = hard_voxelize_batch(points, voxel_size, pcr, max_points,
+                                  max_voxels)
+        assert_same(stock(points, layer), out)
+
+
+def test_caps_and_edges_by_construction():
+    """Every point in one voxel (cap reached), one point per voxel past
+    ``max_voxels``, points on the range's upper edge (outside) and lower
+    edge (inside), an empty sample between two full ones."""
+    voxel_size, pcr = [1.0, 1.0, 1.0], [0, 0, 0, 4, 4, 4]
+    same = torch.tensor([[0.5, 0.5, 0.5, 1.0]]).repeat(50, 1)
+    same[:, 3] = torch.arange(50.)  # which 5 are kept shows the order
+    grid = torch.stack(
+        torch.meshgrid(
+            torch.arange(4.),
+            torch.arange(4.),
+            torch.arange(4.),
+            indexing='ij'), -1).reshape(-1, 3).flip(0) + 0.5
+    many = torch.cat([grid, torch.arange(64.)[:, None]], 1)
+    edges = torch.tensor([[4.0, 1, 1, 0], [0, 0, 0, 1], [1, 4.0, 1, 2],
+                          [3.9999998, 3.9999998, 3.9999998, 3]])
+    points = [same, torch.zeros(0, 4), many, edges]
+    layer = _layer(voxel_size, pcr, 5, 10)
+    ref = stock(points, layer)
+    out = hard_voxelize_batch(points, voxel_size, pcr, 5, 10)
+    assert_same(ref, out)
+    assert out.num_points[0] == 5 and out.voxels[0, :, 3].tolist() == [
+        0., 1., 2., 3., 4.
+    ]
+    assert out.coors[:, 0].tolist().count(2) == 10  # max_voxels reached
+
+
+def test_grid_size_rounds_as_the_kernel():
+    # (hi - lo) / size in float32, then C's round (halves away from zero)
+    assert grid_size([0.2, 0.2, 8],
+                     [-51.2, -51.2, -5.0, 51.2, 51.2, 3.0]) == [512, 512, 1]
+    assert grid_size([0.16, 0.16, 4],
+                     [0, -39.68, -3, 69.12, 39.68, 1]) == [432, 496, 1]
+    assert grid_size([2.0, 2.0, 2.0], [0, 0, 0, 5, 3, 1]) == [3, 2, 1]
+
+
+def test_operations_do_not_grow_with_the_batch():
+    voxel_size, pcr = GRIDS[1]
+    rng = random.Random(0)
+    gen = torch.Generator().manual_seed(0)
+    counts = []
+    for batch in (1, 6):
+        points = [
+            _cloud(rng, gen, 2000, pcr, 4, voxel_size) for _ in range(batch)
+        ]
+        with OpCounter() as ops:
+            hard_voxelize_batch(points, voxel_size, pcr, 32, 16000)
+        counts.append((ops.total, ops.ops[ITEM_OP]))
+    assert counts[0] == counts[1]
+    assert counts[1][1] == 0  # no .item(): sizes come from nonzero
