@@ -224,8 +224,9 @@ def test_accuracy_parity_hook_missing_metric_fails():
     [('yolox', ('2 workers', '1 worker'), 'optimizer: SGD {groups} groups -> '
       '2 fused steps; EMA (ExpMomentumEMA): '),
      ('pointpillars', ('0 workers', '0 workers'), 'optimizer: AdamW 1 '
-      'group{adam}; voxels: Det3DDataPreprocessor batched; targets: '
-      'Anchor3DHead/Max3DIoUAssigner batched')])
+      'group{adam}; voxels: Det3DDataPreprocessor batched, '
+      'PointPillarsScatter batched; targets: Anchor3DHead/Max3DIoUAssigner '
+      'batched')])
 def test_one_line_says_the_fast_path_is_on(kind, workers, fused, runs):
     fast = runs(kind, 'fast')
     runner = fast['runner']

@@ -156,3 +156,48 @@ def test_operations_do_not_grow_with_the_batch():
         counts.append((ops.total, ops.ops[ITEM_OP]))
     assert counts[0] == counts[1]
     assert counts[1][1] == 0  # no .item(): sizes come from nonzero
+
+
+@pytest.mark.parametrize('device', DEVICES)
+@pytest.mark.parametrize('batch', [1, 2, 5])
+def test_pillar_scatter_equals_stock_forward_and_gradients(batch, device):
+    """PointPillarsScatter.forward_batch in one pass: the same canvas and
+    the same gradient bits for the pillar features, -0.0 included (stock's
+    mask-indexing backward adds each row into zeros: -0.0 becomes +0.0)."""
+    from mmdet3d.models.middle_encoders import PointPillarsScatter
+
+    from fast_parallel.step.voxelize.scatter import forward_batch
+    voxel_size, pcr = [1.0, 1.0, 4.0], [0, -8, -3, 12, 8, 1]
+    gen = torch.Generator().manual_seed(batch)
+    rng = random.Random(batch)
+    points = [
+        _cloud(rng, gen, rng.choice([40, 400]), pcr, 4, voxel_size)
+        for _ in range(batch)
+    ]
+    out = hard_voxelize_batch(points, voxel_size, pcr, 8, 60)
+    coors = out.coors.to(device)
+    scatter = PointPillarsScatter(in_channels=5, output_shape=[16, 12])
+    features = torch.randn(coors.shape[0], 5, generator=gen)
+    features[::3, 1] = -0.0  # in the canvas as they are
+    upstream = torch.randn(batch, 5, 16, 12, generator=gen)
+    upstream[..., ::2] = -0.0  # gradients of -0.0 reach the pillars
+    grads, canvases = [], []
+    for fn in (scatter.forward_batch,
+               lambda *a: forward_batch(scatter, *a)):
+        leaf = features.clone().to(device).requires_grad_()
+        # as the detector: the last pillar's sample + 1
+        size = int(coors[-1, 0]) + 1
+        canvas = fn(leaf, coors, size)
+        (canvas * upstream[:size].to(device)).sum().backward()
+        canvases.append(canvas.detach())
+        grads.append(leaf.grad)
+    assert canvases[0].shape == canvases[1].shape
+    assert canvases[0].is_contiguous() and canvases[1].is_contiguous()
+    assert torch.equal(canvases[0].view(torch.int32),
+                       canvases[1].view(torch.int32))
+    assert torch.equal(grads[0].view(torch.int32), grads[1].view(torch.int32))
+    # -0.0 reached some pillars' gradients, and stock made them +0.0
+    c = out.coors.long()
+    reaching = upstream[c[:, 0], :, c[:, 2], c[:, 3]]
+    assert (reaching.view(torch.int32) == -2**31).any()
+    assert not (grads[0].cpu().view(torch.int32) == -2**31).any()

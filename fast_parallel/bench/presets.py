@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Tuple, Union
 
 from mmengine.config import Config
+from mmengine.utils import import_modules_from_strings
 
 PathLike = Union[str, Path]
 
@@ -161,6 +162,8 @@ def with_fast_lines(cfg: Config) -> Config:
     cfg.custom_imports = dict(imports=imports, allow_failed_imports=False)
     cfg.custom_hooks = list(cfg.get('custom_hooks', None)
                             or []) + [dict(type='FastParallelHook')]
+    # what Config.fromfile does with a file's custom_imports
+    import_modules_from_strings(**cfg.custom_imports)
     return cfg
 
 

@@ -70,6 +70,10 @@ UPSTREAM: Dict[str, Tuple[str, str, str]] = {
     'VoxelizationByGridShape': ('mmdet3d.models.data_preprocessors.voxelize',
                                 'VoxelizationByGridShape', 'mmdet3d'),
     'Voxelization': ('mmcv.ops', 'Voxelization', 'mmcv'),
+    'PointPillarsScatter': ('mmdet3d.models.middle_encoders',
+                            'PointPillarsScatter', 'mmdet3d'),
+    'PillarFeatureNet': ('mmdet3d.models.voxel_encoders', 'PillarFeatureNet',
+                         'mmdet3d'),
     # mmdet3d's CenterPoint head
     'CenterHead': ('mmdet3d.models.dense_heads', 'CenterHead', 'mmdet3d'),
     'gaussian_2d': ('mmdet3d.models.utils', 'gaussian_2d', 'mmdet3d'),

@@ -3,14 +3,17 @@
 One ``cat`` and one gather whatever the batch: the gather index is built on
 the host from the box counts (shapes, so no device sync) and travels in one
 copy, non-blocking from pinned memory on a GPU. Padding slots hold a dummy
-row (zeros, label -1) that every family masks out.
+row (zeros, label -1) that every family masks out. Also the checks and the
+per-level split the 2D families share.
 """
-from typing import List, NamedTuple, Sequence, Tuple
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
-__all__ = ['Padded', 'pad_gts', 'pad_rows']
+__all__ = [
+    'Padded', 'gt_layout_reason', 'images_to_levels', 'pad_gts', 'pad_rows'
+]
 
 
 class Padded(NamedTuple):
@@ -88,3 +91,45 @@ def pad_gts(boxes: Sequence[Tensor],
     all_labels = torch.cat([*labels, labels[0].new_full((1, ), -1)])
     return Padded(all_boxes[index], all_labels[index], index < sum(counts),
                   counts)
+
+
+def images_to_levels(target: Tensor, sizes: Sequence[int]) -> List[Tensor]:
+    """mmdet's ``images_to_levels`` of a stacked ``(B, N, ...)`` target:
+    its slices per level (views, as stock's slices of its stack).
+
+    Args:
+        target (Tensor): ``(B, N, ...)``.
+        sizes (Sequence[int]): Priors per level (summing to ``N``).
+
+    Returns:
+        list[Tensor]: ``(B, n_level, ...)`` per level.
+    """
+    out, start = [], 0
+    for size in sizes:
+        out.append(target[:, start:start + size])
+        start += size
+    return out
+
+
+def gt_layout_reason(gts: Sequence[Any],
+                     device: torch.device) -> Optional[str]:
+    """Why 2D ground truths are not laid out as the batched targets read
+    them, or None: ``(n, 4)`` boxes, one integer label per box, on
+    ``device``.
+
+    Args:
+        gts (Sequence[InstanceData]): ``bboxes`` and ``labels`` per image.
+        device (torch.device): The predictions' device.
+
+    Returns:
+        Optional[str]: ``'ground truth layout'``, or None.
+    """
+    for gt in gts:
+        labels = gt.labels
+        if (gt.bboxes.dim() != 2 or gt.bboxes.shape[1] != 4
+                or type(labels) is not Tensor or labels.device != device
+                or labels.shape != gt.bboxes.shape[:1]
+                or labels.dtype.is_floating_point
+                or labels.dtype == torch.bool):
+            return 'ground truth layout'
+    return None

@@ -16,6 +16,8 @@ from torch import Tensor, nn
 from fast_parallel.compat.targets import upstream
 from fast_parallel.outcome import Outcome
 from fast_parallel.step.voxelize.hard import hard_voxelize_batch
+from fast_parallel.step.voxelize.scatter import (forward_batch,
+                                                 scatter_supported)
 
 __all__ = ['supported', 'switch_voxelize', 'voxelize']
 
@@ -92,18 +94,59 @@ def voxelize(self: Any, points: List[Tensor],
         coors=out.coors)
 
 
+def _voxelizing_preprocessor(preprocessor: Any) -> Outcome:
+    """The preprocessor's part of :func:`switch_voxelize`."""
+    name = type(preprocessor).__name__
+    if isinstance(getattr(preprocessor, 'fast_voxelize_stock', None), int):
+        why = None  # switched by an earlier run
+    else:
+        why = supported(preprocessor)
+    if why is not None:
+        return Outcome(name, False, why, text=f'{name} stock ({why})')
+    if 'voxelize' not in vars(preprocessor):
+        preprocessor.fast_voxelize_stock = 0
+        preprocessor.voxelize = MethodType(voxelize, preprocessor)
+    return Outcome(name, True, text=f'{name} batched')
+
+
+def _pillar_scatter(model: nn.Module, preprocessor: Any) -> Optional[Outcome]:
+    """The middle encoder's part of :func:`switch_voxelize` (None where the
+    model has no ``PointPillarsScatter``)."""
+    for prefix in ('', 'pts_'):
+        encoder = getattr(model, f'{prefix}middle_encoder', None)
+        if encoder is not None:
+            voxel_encoder = getattr(model, f'{prefix}voxel_encoder', None)
+            break
+    else:
+        return None
+    name = type(encoder).__name__
+    if getattr(encoder, 'fast_scatter', False):
+        why = None  # switched by an earlier run
+    else:
+        why = scatter_supported(encoder, preprocessor, voxel_encoder)
+    if why is not None:
+        if type(encoder) is not upstream('PointPillarsScatter'):
+            return None  # another middle encoder: nothing to say
+        return Outcome(name, False, why, text=f'{name} stock ({why})')
+    if not getattr(encoder, 'fast_scatter', False):
+        encoder.fast_scatter = True
+        encoder.forward_batch = MethodType(forward_batch, encoder)
+    return Outcome(name, True, text=f'{name} batched')
+
+
 def switch_voxelize(model: nn.Module,
                     enabled: bool = True) -> Optional[Outcome]:
-    """Gives ``model``'s data preprocessor the batched hard voxelisation.
+    """Gives ``model``'s data preprocessor the batched hard voxelisation,
+    and its ``PointPillarsScatter`` the one-pass scatter.
 
     Args:
         model (nn.Module): The model (a wrapper's module is looked into).
-        enabled (bool): False leaves it stock. Defaults to True.
+        enabled (bool): False leaves both stock. Defaults to True.
 
     Returns:
         Outcome | None: ``voxels: ...`` for the start line, e.g. ``voxels:
-        Det3DDataPreprocessor batched``; None where the model does not
-        voxelise.
+        Det3DDataPreprocessor batched, PointPillarsScatter batched``; None
+        where the model does not voxelise.
     """
     from mmengine.model import is_model_wrapper
     if is_model_wrapper(model):
@@ -111,17 +154,16 @@ def switch_voxelize(model: nn.Module,
     preprocessor = getattr(model, 'data_preprocessor', None)
     if not getattr(preprocessor, 'voxel', False):
         return None
-    name = type(preprocessor).__name__
     if not enabled:
         return Outcome('voxels', False, 'fast_voxelize=False')
-    if isinstance(getattr(preprocessor, 'fast_voxelize_stock', None), int):
-        why = None  # switched by an earlier run
-    else:
-        why = supported(preprocessor)
-    if why is not None:
-        return Outcome(
-            'voxels', False, why, text=f'voxels: {name} stock ({why})')
-    if 'voxelize' not in vars(preprocessor):
-        preprocessor.fast_voxelize_stock = 0
-        preprocessor.voxelize = MethodType(voxelize, preprocessor)
-    return Outcome('voxels', True, text=f'voxels: {name} batched')
+    parts = [_voxelizing_preprocessor(preprocessor)]
+    scatter = _pillar_scatter(model, preprocessor)
+    if scatter is not None:
+        parts.append(scatter)
+    done = any(part.done for part in parts)
+    return Outcome(
+        'voxels',
+        done,
+        None if done else '; '.join(part.why for part in parts),
+        text='voxels: ' + ', '.join(map(str, parts)),
+        parts=tuple(parts))

@@ -76,21 +76,22 @@ def hard_voxelize_batch(points: Sequence[Tensor], voxel_size: Sequence[float],
     flat = torch.cat(list(points))
     channels = flat.shape[1]
     grid = grid_size(voxel_size, coors_range)
-    size = torch.tensor(voxel_size, dtype=torch.float32, device=device)
-    low = torch.tensor(coors_range[:3], dtype=torch.float32, device=device)
+    # one small tensor: size, low corner, grid (float32, as the kernel's)
+    params = torch.tensor([*voxel_size, *coors_range[:3], *grid],
+                          dtype=torch.float32,
+                          device=device)
+    size, low, limit = params[:3], params[3:6], params[6:9]
     # the kernel: floor((p - lo) / size) in float, then 0 <= c < grid
     cells = torch.floor((flat[:, :3] - low) / size)
-    limit = torch.tensor(grid, dtype=torch.float32, device=device)
     inside = ((cells >= 0) & (cells < limit)).all(dim=1)
-    sample = torch.repeat_interleave(
-        torch.arange(len(counts), device=device),
-        torch.tensor(counts, device=device),
-        output_size=flat.shape[0])
+    # each point's sample, made on the host from the shapes
+    host = np.repeat(np.arange(len(counts)), counts)
+    sample = torch.from_numpy(host).to(device, non_blocking=True)
     kept = inside.nonzero().squeeze(1)  # point order, ascending
-    cell = cells[kept].long()
     gx, gy, gz = grid
-    key = (
-        (sample[kept] * gz + cell[:, 2]) * gy + cell[:, 1]) * gx + cell[:, 0]
+    strides = torch.from_numpy(np.array([1, gx, gx * gy], dtype=np.int64))
+    key = (cells[kept].long() * strides.to(device)).sum(1) + \
+        sample[kept] * (gx * gy * gz)
     unique, voxel_of = torch.unique(key, return_inverse=True)
     num_unique = unique.shape[0]
     # each voxel's first point, and the voxels in order of first appearance
@@ -100,34 +101,33 @@ def hard_voxelize_batch(points: Sequence[Tensor], voxel_size: Sequence[float],
                        device=device).scatter_reduce_(
                            0, voxel_of, kept, 'amin', include_self=True)
     order = torch.argsort(first)
-    position = torch.empty_like(order)
-    position[order] = torch.arange(num_unique, device=device)
-    voxel_sample = sample[first[order]]
+    position = torch.argsort(order)  # the inverse permutation
+    first = first[order]
+    voxel_sample = sample[first]
     per_sample = torch.bincount(voxel_sample, minlength=len(counts))
-    starts = torch.cumsum(per_sample, 0) - per_sample
-    rank = torch.arange(num_unique, device=device) - starts[voxel_sample]
+    ends = torch.cumsum(per_sample, 0)
+    rank = torch.arange(
+        num_unique, device=device) + (per_sample - ends)[voxel_sample]
     open_voxel = rank < max_voxels  # by position
     # each point's place in its voxel: a stable sort keeps point order
-    point_voxel = position[voxel_of]
-    sorted_voxel, by_voxel = torch.sort(point_voxel, stable=True)
-    members = torch.bincount(point_voxel, minlength=num_unique)
-    member_start = torch.cumsum(members, 0) - members
-    slot = torch.empty_like(point_voxel)
-    slot[by_voxel] = torch.arange(
-        point_voxel.shape[0], device=device) - member_start[sorted_voxel]
+    sorted_voxel, by_voxel = torch.sort(position[voxel_of], stable=True)
+    members = torch.bincount(sorted_voxel, minlength=num_unique)
+    slot = torch.arange(
+        sorted_voxel.shape[0],
+        device=device) - (torch.cumsum(members, 0) - members)[sorted_voxel]
     # index tensors, not masks: each nonzero is the one size the host needs
-    takes = (open_voxel[point_voxel] &
-             (slot < max_points)).nonzero().squeeze(1)
-    opened = open_voxel.nonzero().squeeze(1)  # positions of kept voxels
+    takes = (open_voxel[sorted_voxel] & (slot < max_points)).nonzero()[:, 0]
+    opened = open_voxel.nonzero()[:, 0]  # positions of kept voxels
     new_index = torch.cumsum(open_voxel, 0) - 1
     voxels = flat.new_zeros((opened.shape[0], max_points, channels))
-    voxels[new_index[point_voxel[takes]], slot[takes]] = flat[kept[takes]]
-    zyx = cells[first[order[opened]]].to(torch.int32)[:, [2, 1, 0]]
+    voxels[new_index[sorted_voxel[takes]],
+           slot[takes]] = flat[kept[by_voxel[takes]]]
+    xyz = cells[first[opened]].to(torch.int32)
+    zyx = xyz[:, [2, 1, 0]]
     num_points = members[opened].clamp(max=max_points).to(torch.int32)
-    # the preprocessor: centres from (z, y, x), then the batch column
-    centers = (zyx[:, [2, 1, 0]] +
-               0.5) * flat.new_tensor(voxel_size) + flat.new_tensor(
-                   coors_range[0:3])
+    # the preprocessor: centres from the cells (its coors[:, [2, 1, 0]]),
+    # then the batch column
+    centers = (xyz + 0.5) * size + low
     coors = torch.cat([voxel_sample[opened].to(torch.int32)[:, None], zyx],
                       dim=1)
     return Voxels(voxels, coors, num_points, centers)

@@ -10,7 +10,7 @@ every image is one ``(B, G, N)`` overlap and one
 :func:`~fast_parallel.step.targets.max_iou.assign.assign_batch`; the
 sampler's draws are stock's (:mod:`.sampling`).
 """
-from typing import Any, List, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -21,7 +21,7 @@ from fast_parallel.step.targets.dynamic_k import nonzero
 from fast_parallel.step.targets.max_iou.assign import assign_batch
 from fast_parallel.step.targets.max_iou.results import LazyResults
 from fast_parallel.step.targets.max_iou.sampling import sample_batch
-from fast_parallel.step.targets.padding import pad_gts
+from fast_parallel.step.targets.padding import images_to_levels, pad_gts
 
 __all__ = [
     'assigner_reason', 'batch_reason', 'encode_deltas', 'anchor_head_targets'
@@ -104,15 +104,6 @@ def encode_deltas(coder: Any, priors: Tensor, gts: Tensor,
     return deltas.sub_(means).div_(stds)
 
 
-def _levels(target: Tensor, sizes: Sequence[int]) -> List[Tensor]:
-    """``images_to_levels`` of a stacked ``(B, N, ...)`` target."""
-    out, start = [], 0
-    for size in sizes:
-        out.append(target[:, start:start + size])
-        start += size
-    return out
-
-
 def anchor_head_targets(head: Any, anchors: Tensor, inside: Optional[Tensor],
                         level_sizes: Sequence[int],
                         batch_gt_instances: Sequence[Any]) -> tuple:
@@ -173,8 +164,9 @@ def anchor_head_targets(head: Any, anchors: Tensor, inside: Optional[Tensor],
         for p, n in zip(sampled.num_pos, sampled.num_neg))
     results = LazyResults(anchors, inside, batch_gt_instances, gt_inds,
                           max_overlaps, gt_labels, sampled, with_neg)
-    return (_levels(labels, level_sizes), _levels(weights, level_sizes),
-            _levels(
-                bbox_targets.view(num_imgs, num_anchors, dim),
-                level_sizes), _levels(bbox_weights.contiguous(),
-                                      level_sizes), avg_factor), results
+    return (images_to_levels(labels, level_sizes),
+            images_to_levels(weights, level_sizes),
+            images_to_levels(
+                bbox_targets.view(num_imgs, num_anchors, dim), level_sizes),
+            images_to_levels(bbox_weights.contiguous(),
+                             level_sizes), avg_factor), results

@@ -16,7 +16,8 @@ from torch import Tensor
 
 from fast_parallel.compat.targets import (TARGETS_SINGLE, targets_single,
                                           upstream)
-from fast_parallel.step.targets.padding import pad_gts
+from fast_parallel.step.targets.padding import (gt_layout_reason,
+                                                images_to_levels, pad_gts)
 from fast_parallel.step.targets.priors import inside_flags
 from fast_parallel.step.targets.rtmdet import dsl
 from fast_parallel.step.targets.stock_way import StockWay
@@ -86,14 +87,9 @@ def batch_reason(head: Any, scores: Tensor, boxes: Tensor, gts: Sequence[Any],
             type(t) is not Tensor or t.dtype != f32 or t.device != device
             for t in tensors):
         return 'dtypes or devices (float32 tensors on one device covered)'
-    for gt in gts:
-        labels = gt.labels
-        if (gt.bboxes.dim() != 2 or gt.bboxes.shape[1] != 4
-                or type(labels) is not Tensor or labels.device != device
-                or labels.shape != gt.bboxes.shape[:1]
-                or labels.dtype.is_floating_point
-                or labels.dtype == torch.bool):
-            return 'ground truth layout'
+    why = gt_layout_reason(gts, device)
+    if why is not None:
+        return why
     classes = scores.shape[2]
     if device.type == 'cuda' and classes > 128 and classes % 4:
         return 'CUDA, > 128 classes not a multiple of 4 (row alignment)'
@@ -190,14 +186,5 @@ def rtmdet_targets(head: Any,
                               single[1:5]):
             out[i].copy_(value)
     return tuple(
-        _levels(t, [p.shape[0] for p in mlvl_priors])
+        images_to_levels(t, [p.shape[0] for p in mlvl_priors])
         for t in (labels, weights, bbox_targets, metrics))
-
-
-def _levels(target: Tensor, sizes: Sequence[int]) -> List[Tensor]:
-    """``images_to_levels`` of a stacked ``(B, N, ...)`` target."""
-    out, start = [], 0
-    for size in sizes:
-        out.append(target[:, start:start + size])
-        start += size
-    return out

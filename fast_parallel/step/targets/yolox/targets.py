@@ -17,7 +17,7 @@ from torch import Tensor
 from fast_parallel.compat import YOLOX_HEAD_METHODS, yolox_targets_single
 from fast_parallel.compat.targets import upstream
 from fast_parallel.step.targets import cpu_paths
-from fast_parallel.step.targets.padding import pad_gts
+from fast_parallel.step.targets.padding import gt_layout_reason, pad_gts
 from fast_parallel.step.targets.stock_way import StockWay
 from fast_parallel.step.targets.yolox import simota
 
@@ -151,14 +151,9 @@ def _batch_reason(head: Any, priors: Tensor, cls: Tensor, boxes: Tensor,
             type(g.bboxes) is not Tensor or g.bboxes.dtype != f32
             or g.bboxes.device != device for g in gts):
         return 'ground truth boxes not float32 on the predictions\' device'
-    for gt in gts:
-        labels = gt.labels
-        if (gt.bboxes.dim() != 2 or gt.bboxes.shape[1] != 4
-                or type(labels) is not Tensor or labels.device != device
-                or labels.shape != gt.bboxes.shape[:1]
-                or labels.dtype.is_floating_point
-                or labels.dtype == torch.bool):
-            return 'ground truth layout'
+    why = gt_layout_reason(gts, device)
+    if why is not None:
+        return why
     if device.type == 'cuda' and cls.shape[2] > 128 and cls.shape[2] % 4:
         return 'CUDA, > 128 classes not a multiple of 4 (row alignment)'
     if device.type == 'cpu' and not (cls.is_contiguous()
