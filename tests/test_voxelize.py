@@ -182,8 +182,7 @@ def test_pillar_scatter_equals_stock_forward_and_gradients(batch, device):
     upstream = torch.randn(batch, 5, 16, 12, generator=gen)
     upstream[..., ::2] = -0.0  # gradients of -0.0 reach the pillars
     grads, canvases = [], []
-    for fn in (scatter.forward_batch,
-               lambda *a: forward_batch(scatter, *a)):
+    for fn in (scatter.forward_batch, lambda *a: forward_batch(scatter, *a)):
         leaf = features.clone().to(device).requires_grad_()
         # as the detector: the last pillar's sample + 1
         size = int(coors[-1, 0]) + 1
