@@ -177,6 +177,11 @@ def _measured_counts() -> List[str]:
         out.append(f'{r["stock"]["total"]:,.0f} -> {r["fast"]["total"]:,.0f} '
                    f'({r["ratio"]:.2f})')
         out.append(f'{r["stock"]["items"]:.0f} -> {r["fast"]["items"]:.0f}')
+    for name in ('rtmdet_tiny', 'retinanet_r50', 'faster_rcnn_r50',
+                 'centerpoint_pillar'):  # the zoo row
+        r = ops[name]
+        out.append(f'{r["stock"]["total"]:,.0f} -> {r["fast"]["total"]:,.0f} '
+                   f'({r["ratio"]:.2f})')
     return out
 
 
