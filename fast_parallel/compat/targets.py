@@ -8,9 +8,10 @@ checked on. Checked on mmdet 3.3.0 and mmdet3d 1.4.0
 (:data:`fast_parallel.compat.CHECKED_ON`).
 """
 import importlib
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from fast_parallel.compat.core import CHECKED_ON, CompatError, private
+from fast_parallel.compat.mmdet import YOLOX_HEAD_METHODS
 
 _ASSIGNERS = 'mmdet.models.task_modules.assigners'
 _DENSE = 'mmdet.models.dense_heads'
@@ -85,6 +86,48 @@ UPSTREAM: Dict[str, Tuple[str, str, str]] = {
 #: batched targets stand for and fall back to.
 TARGETS_SINGLE = '_get_targets_single'
 
+#: The methods of mmdet's ``RandomSampler`` that decide its draws; one of
+#: them set on an instance keeps that sampler stock.
+RANDOM_SAMPLER_METHODS = ('sample', '_sample_pos', '_sample_neg',
+                          'random_choice')
+
+#: Per upstream class: the methods a batched family stands for. One of them
+#: set on an instance (someone else's per-instance change) keeps it stock.
+STANDS_FOR: Dict[str, Tuple[str, ...]] = {
+    'YOLOXHead':
+    YOLOX_HEAD_METHODS,
+    'SimOTAAssigner':
+    ('assign', 'get_in_gt_and_in_center_info', 'dynamic_k_matching'),
+    'RTMDetHead': ('get_targets', TARGETS_SINGLE, 'get_anchors'),
+    'DynamicSoftLabelAssigner': ('assign', 'dynamic_k_matching'),
+    'AnchorHead': ('get_anchors', 'get_targets', 'loss_by_feat_single'),
+    'MaxIoUAssigner': ('assign', 'assign_wrt_overlaps'),
+    'RandomSampler':
+    RANDOM_SAMPLER_METHODS,
+    'Anchor3DHead':
+    ('anchor_target_3d_single', 'anchor_target_single_assigner'),
+    'CenterHead': ('get_targets_single', ),
+}
+
+#: The ``train_cfg`` keys mmdet3d's ``CenterHead.get_targets_single`` reads.
+CENTER_HEAD_TRAIN_KEYS = ('grid_size', 'point_cloud_range', 'voxel_size',
+                          'out_size_factor', 'dense_reg', 'max_objs',
+                          'gaussian_overlap', 'min_radius')
+
+
+def replaced_on_instance(obj: Any, kind: str) -> List[str]:
+    """The methods of :data:`STANDS_FOR` ``[kind]`` set on ``obj`` itself.
+
+    Args:
+        obj: A head, assigner or sampler.
+        kind (str): A key of :data:`STANDS_FOR`.
+
+    Returns:
+        list[str]: Their names, in the table's order.
+    """
+    own = vars(obj)
+    return [name for name in STANDS_FOR[kind] if name in own]
+
 
 def targets_single(head: Any) -> Callable:
     """``type(head)._get_targets_single``: stock's per-image targets.
@@ -98,12 +141,6 @@ def targets_single(head: Any) -> Callable:
     return private(
         type(head), TARGETS_SINGLE, 'mmdet',
         'images whose targets take the stock path')
-
-
-#: The methods of mmdet's ``RandomSampler`` that decide its draws; one of
-#: them set on an instance keeps that sampler stock.
-RANDOM_SAMPLER_METHODS = ('sample', '_sample_pos', '_sample_neg',
-                          'random_choice')
 
 
 def raw_positive_infos(head: Any) -> dict:

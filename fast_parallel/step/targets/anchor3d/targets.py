@@ -13,17 +13,12 @@ import torch
 from torch import Tensor
 
 from fast_parallel.compat import CompatError
-from fast_parallel.compat.targets import upstream
+from fast_parallel.compat.targets import replaced_on_instance, upstream
 from fast_parallel.step.targets.cpu_paths import (PathModelError,
                                                   require_same_paths)
 from fast_parallel.step.targets.max_iou.assign import assign_batch
 from fast_parallel.step.targets.padding import pad_gts
 from fast_parallel.step.targets.stock_way import StockWay
-
-#: Head methods of the target path that an instance must not override.
-_HEAD_METHODS = ('anchor_target_3d_single', 'anchor_target_single_assigner')
-#: Assigner methods that an instance must not override.
-_ASSIGNER_METHODS = ('assign', 'assign_wrt_overlaps')
 
 __all__ = ['anchor3d_supported', 'anchor_target_3d_batched']
 
@@ -49,14 +44,13 @@ def anchor3d_supported(head: Any) -> Optional[str]:
         if getattr(head, 'train_cfg',
                    None) is None or not hasattr(head, 'bbox_assigner'):
             return 'Anchor3DHead has no train_cfg (no assigner)'
-        for name in _HEAD_METHODS:
-            if name in vars(head):
-                return f'Anchor3DHead.{name} replaced on the instance'
+        for name in replaced_on_instance(head, 'Anchor3DHead'):
+            return f'Anchor3DHead.{name} replaced on the instance'
         for assigner in _assigners(head):
             if type(assigner) is not upstream('Max3DIoUAssigner'):
                 return f'assigner {type(assigner).__name__} is not ' \
                     'Max3DIoUAssigner'
-            if any(name in vars(assigner) for name in _ASSIGNER_METHODS):
+            if replaced_on_instance(assigner, 'MaxIoUAssigner'):
                 return 'Max3DIoUAssigner.assign replaced on the instance'
             calc = type(assigner.iou_calculator)
             if calc is not upstream('BboxOverlapsNearest3D'):

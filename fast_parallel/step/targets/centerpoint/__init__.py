@@ -11,15 +11,10 @@ from typing import Any, List, Optional, Sequence
 
 import torch
 
-from fast_parallel.compat.targets import upstream
+from fast_parallel.compat.targets import (CENTER_HEAD_TRAIN_KEYS,
+                                          replaced_on_instance, upstream)
 from fast_parallel.step.targets.centerpoint.targets import center_targets
 from fast_parallel.step.targets.stock_way import batch_targets
-
-#: Head methods the batched targets stand for.
-_HEAD_METHODS = ('get_targets_single', )
-#: ``train_cfg`` keys the targets read.
-_KEYS = ('grid_size', 'point_cloud_range', 'voxel_size', 'out_size_factor',
-         'dense_reg', 'max_objs', 'gaussian_overlap', 'min_radius')
 
 
 def supported(head: Any) -> Optional[str]:
@@ -37,7 +32,7 @@ def supported(head: Any) -> Optional[str]:
     cfg = getattr(head, 'train_cfg', None)
     if not cfg:
         return 'CenterHead has no train_cfg'
-    missing = [key for key in _KEYS if key not in cfg]
+    missing = [key for key in CENTER_HEAD_TRAIN_KEYS if key not in cfg]
     if missing:
         return f'train_cfg lacks {", ".join(missing)}'
     for key in ('max_objs', 'dense_reg', 'min_radius'):
@@ -51,7 +46,7 @@ def supported(head: Any) -> Optional[str]:
     for names in head.class_names:
         if len(set(names)) != len(names):
             return 'a task names a class twice'
-    overridden = [m for m in _HEAD_METHODS if m in vars(head)]
+    overridden = replaced_on_instance(head, 'CenterHead')
     if overridden:
         return f'{", ".join(overridden)} replaced on the instance'
     return None

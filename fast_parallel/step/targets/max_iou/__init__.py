@@ -16,17 +16,14 @@ from typing import Any, List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from fast_parallel.compat.targets import raw_positive_infos, upstream
+from fast_parallel.compat.targets import (raw_positive_infos,
+                                          replaced_on_instance, upstream)
 from fast_parallel.step.targets.max_iou.sampling import sampler_reason
 from fast_parallel.step.targets.max_iou.targets import (anchor_head_targets,
                                                         assigner_reason,
                                                         batch_reason)
 from fast_parallel.step.targets.priors import inside_flags
 from fast_parallel.step.targets.stock_way import batch_targets
-
-#: Head methods the batched loss stands for: an instance that overrides one
-#: stays stock.
-_HEAD_METHODS = ('get_anchors', 'get_targets', 'loss_by_feat_single')
 
 
 def supported(head: Any) -> Optional[str]:
@@ -52,7 +49,7 @@ def supported(head: Any) -> Optional[str]:
             head.bbox_coder) is not upstream('DeltaXYWHBBoxCoder'):
         return f'bbox_coder {type(head.bbox_coder).__name__} is not ' \
             'DeltaXYWHBBoxCoder'
-    overridden = [m for m in _HEAD_METHODS if m in vars(head)]
+    overridden = replaced_on_instance(head, 'AnchorHead')
     if overridden:
         return f'{", ".join(overridden)} replaced on the instance'
     for key in ('pos_weight', 'allowed_border'):

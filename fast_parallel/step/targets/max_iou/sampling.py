@@ -14,7 +14,7 @@ from typing import Any, List, NamedTuple, Optional, Sequence
 import torch
 from torch import Tensor
 
-from fast_parallel.compat.targets import RANDOM_SAMPLER_METHODS, upstream
+from fast_parallel.compat.targets import replaced_on_instance, upstream
 from fast_parallel.step.targets.dynamic_k import host_values, nonzero
 
 __all__ = ['Sampled', 'sample_batch', 'sampler_reason']
@@ -40,10 +40,9 @@ def sampler_reason(sampler: Any) -> Optional[str]:
     if sampler.pos_sampler is not sampler or sampler.neg_sampler is not \
             sampler:
         return 'RandomSampler with other pos/neg samplers'
-    own = set(RANDOM_SAMPLER_METHODS) & set(vars(sampler))
+    own = replaced_on_instance(sampler, 'RandomSampler')
     if own:
-        return f'RandomSampler.{", ".join(sorted(own))} replaced on the ' \
-            'instance'
+        return f'RandomSampler.{", ".join(own)} replaced on the instance'
     return None
 
 

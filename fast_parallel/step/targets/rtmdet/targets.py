@@ -14,7 +14,7 @@ from typing import Any, List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from fast_parallel.compat.targets import (TARGETS_SINGLE, targets_single,
+from fast_parallel.compat.targets import (replaced_on_instance, targets_single,
                                           upstream)
 from fast_parallel.step.targets.padding import (gt_layout_reason,
                                                 images_to_levels, pad_gts)
@@ -23,11 +23,6 @@ from fast_parallel.step.targets.rtmdet import dsl
 from fast_parallel.step.targets.stock_way import StockWay
 
 __all__ = ['batch_reason', 'rtmdet_supported', 'rtmdet_targets']
-
-#: Head and assigner methods the batched targets stand for: an instance
-#: that overrides one stays stock.
-_HEAD_METHODS = ('get_targets', TARGETS_SINGLE, 'get_anchors')
-_ASSIGNER_METHODS = ('assign', 'dynamic_k_matching')
 
 
 def rtmdet_supported(head: Any) -> Optional[str]:
@@ -58,8 +53,8 @@ def rtmdet_supported(head: Any) -> Optional[str]:
         return 'sampler is not PseudoSampler'
     if type(head.prior_generator) is not upstream('MlvlPointGenerator'):
         return 'prior_generator is not MlvlPointGenerator'
-    overridden = [m for m in _HEAD_METHODS if m in vars(head)
-                  ] + [m for m in _ASSIGNER_METHODS if m in vars(assigner)]
+    overridden = replaced_on_instance(head, 'RTMDetHead') + \
+        replaced_on_instance(assigner, 'DynamicSoftLabelAssigner')
     if overridden:
         return f'{", ".join(overridden)} replaced on the instance'
     topk = assigner.topk

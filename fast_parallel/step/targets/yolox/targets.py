@@ -14,8 +14,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from fast_parallel.compat import YOLOX_HEAD_METHODS, yolox_targets_single
-from fast_parallel.compat.targets import upstream
+from fast_parallel.compat import yolox_targets_single
+from fast_parallel.compat.targets import replaced_on_instance, upstream
 from fast_parallel.step.targets import cpu_paths
 from fast_parallel.step.targets.padding import gt_layout_reason, pad_gts
 from fast_parallel.step.targets.stock_way import StockWay
@@ -25,10 +25,6 @@ from fast_parallel.step.targets.yolox import simota
 _L1_EPS = 1e-8
 #: The prediction dtypes covered (float16 and bfloat16: under AMP).
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-#: Methods an instance must not override to be covered.
-_HEAD_METHODS = YOLOX_HEAD_METHODS
-_ASSIGNER_METHODS = ('assign', 'get_in_gt_and_in_center_info',
-                     'dynamic_k_matching')
 
 __all__ = ['assign_batch', 'prior_scores', 'yolox_supported', 'yolox_targets']
 
@@ -59,8 +55,8 @@ def yolox_supported(head: Any) -> Optional[str]:
         return 'BboxOverlaps2D with scale or dtype options'
     if type(getattr(head, 'sampler', None)) is not upstream('PseudoSampler'):
         return 'sampler is not PseudoSampler'
-    overridden = [m for m in _HEAD_METHODS if m in vars(head)
-                  ] + [m for m in _ASSIGNER_METHODS if m in vars(assigner)]
+    overridden = replaced_on_instance(head, 'YOLOXHead') + \
+        replaced_on_instance(assigner, 'SimOTAAssigner')
     if overridden:
         return f'{", ".join(overridden)} replaced on the instance'
     topk = assigner.candidate_topk
