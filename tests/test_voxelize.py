@@ -63,6 +63,9 @@ def _cloud(rng: random.Random, gen: torch.Generator, n: int, pcr: list,
     if n and rng.random() < 0.3:  # on voxel boundaries
         size = torch.tensor(voxel_size)
         xyz = torch.round(xyz / size) * size
+    if n > 4 and rng.random() < 0.2:  # NaN and infinite coordinates
+        xyz[1, rng.randrange(3)] = float('nan')
+        xyz[3, rng.randrange(3)] = rng.choice([float('inf'), float('-inf')])
     features = torch.rand(n, channels - 3, generator=gen)
     return torch.cat([xyz, features], dim=1)
 
@@ -95,8 +98,11 @@ def test_equals_per_sample_voxelization(seed, device):
         max_points = rng.choice([1, 2, 5, 20, 35])
         max_voxels = rng.choice([1, 3, 40, 20000])  # caps reached and not
         channels = rng.choice([4, 5])
+        # mmcv's deterministic CUDA kernel fails on an empty cloud (the
+        # batched path leaves such a batch to it)
+        sizes = [1, 9, 300, 4000] + ([0] if device == 'cpu' else [])
         points = [
-            _cloud(rng, gen, rng.choice([0, 1, 9, 300, 4000]), pcr, channels,
+            _cloud(rng, gen, rng.choice(sizes), pcr, channels,
                    voxel_size).to(device)
             for _ in range(rng.choice([1, 2, 3, 6]))
         ]
@@ -200,3 +206,44 @@ def test_pillar_scatter_equals_stock_forward_and_gradients(batch, device):
     reaching = upstream[c[:, 0], :, c[:, 2], c[:, 3]]
     assert (reaching.view(torch.int32) == -2**31).any()
     assert not (grads[0].cpu().view(torch.int32) == -2**31).any()
+
+
+def _pointpillars():
+    """The PointPillars Car recipe's detector (no weights loaded)."""
+    from mmdet3d.registry import MODELS
+    from mmdet3d.utils import register_all_modules
+    from mmengine.hub import get_config
+    register_all_modules()
+    cfg = get_config('mmdet3d::pointpillars/'
+                     'pointpillars_hv_secfpn_8xb6-160e_kitti-3d-car.py')
+    return MODELS.build(cfg.model)
+
+
+def test_switch_names_what_it_batched_and_what_not():
+    """The start line's part; a batch of other dtypes is voxelised the
+    stock way, counted and logged once; no gradient reaches the points (as
+    stock's voxelize runs under no_grad); a grid several voxels high keeps
+    the stock scatter, with why."""
+    from fast_parallel.step.voxelize import switch_voxelize
+    model = _pointpillars()
+    outcome = switch_voxelize(model)
+    assert str(outcome) == ('voxels: Det3DDataPreprocessor batched, '
+                            'PointPillarsScatter batched')
+    assert str(switch_voxelize(model)) == str(outcome)  # switched already
+    pre = model.data_preprocessor
+    gen = torch.Generator().manual_seed(0)
+    points = [_cloud(random.Random(0), gen, 500, GRIDS[1][1], 4, GRIDS[1][0])]
+    points[0].requires_grad_()
+    out = pre.voxelize(points, None)
+    assert not out['voxels'].requires_grad
+    ref = type(pre).voxelize(pre, [points[0].double()], None)
+    got = pre.voxelize([points[0].double()], None)
+    assert pre.fast_voxelize_stock == 1
+    assert all(torch.equal(ref[k], got[k]) for k in ref)
+    tall = _pointpillars()
+    tall.data_preprocessor.voxel_layer.voxel_size = [0.16, 0.16, 1]
+    assert str(switch_voxelize(tall)) == (
+        'voxels: Det3DDataPreprocessor batched, PointPillarsScatter stock '
+        '(its voxel grid has more than one z layer (pillars share cells))')
+    assert 'forward_batch' not in vars(tall.middle_encoder)
+    assert switch_voxelize(tall, enabled=False) is not None

@@ -11,6 +11,7 @@ from types import MethodType
 from typing import Any, Dict, List, Optional
 
 import torch
+from mmengine.logging import MMLogger
 from torch import Tensor, nn
 
 from fast_parallel.compat.targets import upstream
@@ -62,9 +63,13 @@ def _batch_reason(points: Any) -> Optional[str]:
                 or cloud.shape[1] != first.shape[1]
                 or cloud.device != first.device):
             return 'points not (N, C) float32 on one device'
+        if cloud.shape[0] == 0 and cloud.device.type == 'cuda':
+            # mmcv's deterministic CUDA kernel fails on an empty cloud
+            return 'an empty point cloud on CUDA'
     return None
 
 
+@torch.no_grad()  # as stock's
 def voxelize(self: Any, points: List[Tensor],
              data_samples: Any) -> Dict[str, Tensor]:
     """Stock's ``Det3DDataPreprocessor.voxelize``, the batch in one pass.
@@ -78,7 +83,13 @@ def voxelize(self: Any, points: List[Tensor],
     Returns:
         dict: ``voxels``, ``coors``, ``num_points``, ``voxel_centers``.
     """
-    if _batch_reason(points) is not None:
+    why = _batch_reason(points)
+    if why is not None:
+        if not self.fast_voxelize_stock:
+            MMLogger.get_current_instance().info(
+                'FastParallelHook: voxels: a batch voxelised the stock way '
+                f'({why}); the numbers stay stock\'s. Counted in '
+                'data_preprocessor.fast_voxelize_stock.')
         self.fast_voxelize_stock += 1
         return type(self).voxelize(self, points, data_samples)
     layer = self.voxel_layer

@@ -11,6 +11,7 @@ points in each, the caps per sample; and the data preprocessor's batch column
 and voxel centres. Why it is exact: ``docs/voxelize.md``.
 """
 import math
+import platform
 from typing import List, NamedTuple, Sequence
 
 import numpy as np
@@ -54,6 +55,14 @@ def grid_size(voxel_size: Sequence[float],
     return [_c_round(float(v)) for v in (hi - lo) / size]
 
 
+def _nan_is_cell_zero(device: torch.device) -> bool:
+    """Whether the kernel's float-to-int conversion makes a NaN cell 0
+    (CUDA, ARM CPUs) rather than INT_MIN, which is outside the grid (x86).
+    """
+    return device.type != 'cpu' or platform.machine().lower() in ('aarch64',
+                                                                  'arm64')
+
+
 def hard_voxelize_batch(points: Sequence[Tensor], voxel_size: Sequence[float],
                         coors_range: Sequence[float], max_points: int,
                         max_voxels: int) -> Voxels:
@@ -83,6 +92,8 @@ def hard_voxelize_batch(points: Sequence[Tensor], voxel_size: Sequence[float],
     size, low, limit = params[:3], params[3:6], params[6:9]
     # the kernel: floor((p - lo) / size) in float, then 0 <= c < grid
     cells = torch.floor((flat[:, :3] - low) / size)
+    if _nan_is_cell_zero(device):  # the kernel's int(NaN) there
+        cells = torch.where(torch.isnan(cells), 0., cells)
     inside = ((cells >= 0) & (cells < limit)).all(dim=1)
     # each point's sample, made on the host from the shapes
     host = np.repeat(np.arange(len(counts)), counts)

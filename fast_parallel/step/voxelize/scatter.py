@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from fast_parallel.compat.targets import upstream
+from fast_parallel.step.voxelize.hard import grid_size
 
 __all__ = ['forward_batch', 'scatter_supported']
 
@@ -37,8 +38,9 @@ def scatter_supported(encoder: Any, preprocessor: Any,
                       voxel_encoder: Any) -> Optional[str]:
     """None when :func:`forward_batch` is exact for this middle encoder.
 
-    Its pillars must be hard voxels (distinct cells per sample, samples in
-    order) with one feature row each, in order (``PillarFeatureNet``).
+    Its pillars must be hard voxels of a grid one voxel high (distinct
+    cells per sample, samples in order) with one feature row each, in order
+    (``PillarFeatureNet``).
 
     Args:
         encoder: The middle encoder.
@@ -58,6 +60,10 @@ def scatter_supported(encoder: Any, preprocessor: Any,
             or getattr(preprocessor, 'voxel_type', None) != 'hard'
             or 'voxelize' in vars(preprocessor) and not ours):
         return 'its voxels are not hard voxels of Det3DDataPreprocessor'
+    layer = preprocessor.voxel_layer
+    if grid_size(layer.voxel_size, layer.point_cloud_range)[2] != 1:
+        return 'its voxel grid has more than one z layer (pillars share ' \
+            'cells)'
     if type(voxel_encoder) is not upstream('PillarFeatureNet'):
         return f'voxel encoder {type(voxel_encoder).__name__} is not ' \
             'PillarFeatureNet'

@@ -14,7 +14,8 @@ import torch
 from fast_parallel.compat.targets import (CENTER_HEAD_TRAIN_KEYS,
                                           replaced_on_instance, upstream)
 from fast_parallel.step.targets.centerpoint.targets import center_targets
-from fast_parallel.step.targets.stock_way import batch_targets
+from fast_parallel.step.targets.cpu_paths import PathModelError
+from fast_parallel.step.targets.stock_way import StockWay, batch_targets
 
 
 def supported(head: Any) -> Optional[str]:
@@ -68,8 +69,8 @@ def batch_reason(gts: Sequence[Any]) -> Optional[str]:
                 or tensor.shape[1] != 9 or tensor.device != device):
             return 'boxes not (n, 9) float32 on the labels\' device'
         if (labels.dim() != 1 or labels.shape[0] != tensor.shape[0]
-                or labels.dtype.is_floating_point):
-            return 'labels not one integer per box'
+                or labels.dtype.is_floating_point or labels.device != device):
+            return 'labels not one integer per box, on one device'
     return None
 
 
@@ -86,6 +87,13 @@ def get_targets(self: Any, batch_gt_instances_3d: List[Any]) -> tuple:
     """
     with batch_targets(self, len(batch_gt_instances_3d)) as stock_way:
         if batch_reason(batch_gt_instances_3d) is None:
-            return center_targets(self, batch_gt_instances_3d, stock_way)
+            batched = StockWay()
+            try:
+                out = center_targets(self, batch_gt_instances_3d, batched)
+            except PathModelError:  # a CPU build this cannot match
+                out = None
+            if out is not None:
+                stock_way.count(batched.samples)
+                return out
         stock_way.count(len(batch_gt_instances_3d))
         return type(self).get_targets(self, batch_gt_instances_3d)

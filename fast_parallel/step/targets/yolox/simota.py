@@ -99,8 +99,8 @@ def _few_pairs(scores: Tensor) -> int:
 
 def build_targets(head: Any, priors: Tensor, cls: Tensor, obj: Tensor,
                   gt: Tensor, labels: Tensor, gt_counts: Sequence[int],
-                  found: Assignment, xyxy_to_cxcywh: Callable[[Tensor],
-                                                              Tensor],
+                  box_dtype: torch.dtype, found: Assignment,
+                  xyxy_to_cxcywh: Callable[[Tensor], Tensor],
                   l1_eps: float) -> List[tuple]:
     """The rest of ``_get_targets_single``: the six results per image.
 
@@ -112,6 +112,7 @@ def build_targets(head: Any, priors: Tensor, cls: Tensor, obj: Tensor,
         gt (Tensor): ``(B, G, 4)`` padded boxes.
         labels (Tensor): ``(B, G)`` padded labels.
         gt_counts (Sequence[int]): Ground truths per image.
+        box_dtype (torch.dtype): The decoded boxes' dtype.
         found (Assignment): From :func:`assign`.
         xyxy_to_cxcywh (Callable): mmdet's ``bbox_xyxy_to_cxcywh``.
         l1_eps (float): ``YOLOXHead._get_l1_target``'s ``eps``.
@@ -143,11 +144,14 @@ def build_targets(head: Any, priors: Tensor, cls: Tensor, obj: Tensor,
         if counts[i]:
             continue
         # Stock's early returns make their (empty) targets in the
-        # predictions' dtype: without ground truths the class and box
-        # targets, without valid priors (max_overlaps.new_zeros) the class
-        # targets. The same bits under float32; under AMP, float16.
-        parts[0][i] = cls.new_zeros((0, num_classes))
-        if not gt_counts[i]:
+        # predictions' dtypes: without ground truths the class and box
+        # targets in the class scores' (cls_preds.new_zeros), without valid
+        # priors the class targets in the decoded boxes' (the assigner's
+        # max_overlaps). Under AMP these differ: float16 and float32.
+        if gt_counts[i]:
+            parts[0][i] = cls.new_zeros((0, num_classes), dtype=box_dtype)
+        else:
+            parts[0][i] = cls.new_zeros((0, num_classes))
             parts[1][i] = cls.new_zeros((0, 4))
     return [(found.pos[i], parts[0][i], obj_target[i], parts[1][i],
              parts[2][i], counts[i]) for i in range(num_imgs)]

@@ -137,12 +137,16 @@ def _batch_reason(head: Any, priors: Tensor, cls: Tensor, boxes: Tensor,
             or priors.dim() == 3 and priors.shape[0] != num_imgs
             or len(gts) != num_imgs or num_priors == 0):
         return 'shapes'
-    preds = [priors, cls, boxes, obj]
+    # Under CUDA autocast the decoded boxes are float32 (their exp runs in
+    # float32) while scores and priors are half: both are covered.
     if any(
             type(t) is not Tensor or t.dtype != cls.dtype or t.device != device
-            for t in preds) or cls.dtype not in _DTYPES:
-        return 'dtypes or devices (predictions of one of float32, float16 ' \
-            'and bfloat16, on one device, covered)'
+            for t in (priors, cls, obj)) or cls.dtype not in _DTYPES or type(
+                boxes) is not Tensor or boxes.dtype not in (
+                    cls.dtype, torch.float32) or boxes.device != device:
+        return 'dtypes or devices (scores and priors of one of float32, ' \
+            'float16 and bfloat16, boxes of theirs or float32, on one ' \
+            'device, covered)'
     if any(
             type(g.bboxes) is not Tensor or g.bboxes.dtype != f32
             or g.bboxes.device != device for g in gts):
@@ -249,8 +253,8 @@ def _image_results_or_none(head: Any, priors: Tensor, cls: Tensor,
         return _no_targets(cls, cls.shape[0])
     gt, labels, found = assigned
     out = simota.build_targets(head, priors, cls, obj, gt, labels,
-                               [len(g.bboxes) for g in gts], found,
-                               upstream('bbox_xyxy_to_cxcywh'), _L1_EPS)
+                               [len(g.bboxes) for g in gts], boxes.dtype,
+                               found, upstream('bbox_xyxy_to_cxcywh'), _L1_EPS)
     return [None if found.fallback[i] else row for i, row in enumerate(out)]
 
 
