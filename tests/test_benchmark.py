@@ -3,8 +3,10 @@
 No timing is asserted: speed is reported by the benchmark, not tested.
 """
 import json
+import os.path as osp
 
-from conftest import load_tool
+import pytest
+from conftest import ROOT, load_tool
 
 benchmark = load_tool('benchmark')
 
@@ -83,3 +85,46 @@ def test_train_mode_runs_every_arm_in_fresh_processes(tmp_path):
         assert len(a['per_repeat_time_s']) == 1
     assert r['arms']['stock']['ratio'] == 1.0
     assert png.stat().st_size > 1000
+
+
+def test_ops_counts_a_users_config_with_the_two_lines_added(tmp_path):
+    """--ops-configs: an upstream config as a user has it (no fast lines),
+    on the data its --cfg-options name; no preset counted beside it."""
+    out = tmp_path / 'ops.json'
+    coco = osp.join(ROOT, 'data', 'sample', 'coco') + '/'
+    name = 'mmdet::yolox/yolox_tiny_8xb8-300e_coco.py'
+    benchmark.main([
+        '--ops', '--quick', '--ops-configs', name, '--json',
+        str(out), '--cfg-options', 'train_dataloader.batch_size=2',
+        'train_dataloader.num_workers=0',
+        'train_dataloader.persistent_workers=False',
+        f'train_dataloader.dataset.dataset.data_root={coco}'
+    ])
+    ops = json.loads(out.read_text())['ops']
+    assert list(ops) == [name]
+    r = ops[name]
+    assert r['batch_size'] == 2
+    # the hook was added: optimizer and EMA fused, targets batched
+    assert r['fast']['phases']['optimizer_step'] < 20 < \
+        r['stock']['phases']['optimizer_step']
+    assert r['fast']['phases']['targets'] < r['stock']['phases']['targets']
+    assert r['ratio'] == r['fast']['total'] / r['stock']['total'] < 1
+
+
+def test_load_config_adds_the_hook_once():
+    from fast_parallel.bench.presets import load_config
+
+    def fast_hooks(cfg):
+        return [h for h in cfg.custom_hooks if h['type'] == 'FastParallelHook']
+
+    # a repository config: the hook already there, its accuracy check
+    # (a final validation against published figures) dropped
+    own = load_config(
+        osp.join(ROOT, 'configs', 'yolox', 'yolox_s_fast_8xb8-300e_coco.py'))
+    assert len(fast_hooks(own)) == 1
+    assert 'AccuracyParityHook' not in [h['type'] for h in own.custom_hooks]
+    upstream = load_config('mmdet::retinanet/retinanet_r50_fpn_1x_coco.py')
+    assert len(fast_hooks(upstream)) == 1
+    assert upstream.custom_imports['imports'][0] == 'fast_parallel'
+    with pytest.raises(FileNotFoundError, match='no_such.py'):
+        load_config('no_such.py')

@@ -106,6 +106,15 @@ def _readers_file(arg: str) -> bool:
     return bool(re.fullmatch(r'my_\w*\.py', arg))
 
 
+def _upstream_config(name: str) -> Path:
+    """Where ``mmdet::x.py`` / ``mmdet3d::x.py`` is in the installed
+    package (what ``mmengine.hub.get_config`` reads)."""
+    import importlib.util
+    package, rel = name.split('::')
+    root = Path(importlib.util.find_spec(package).origin).parent
+    return root / '.mim' / 'configs' / rel
+
+
 def check(command: str) -> None:
     """Asserts the command's files exist and its tool parses its flags."""
     argv = shlex.split(command)
@@ -128,8 +137,10 @@ def check(command: str) -> None:
     assert (ROOT / script).exists(), command
     args = argv[1:]
     for arg in args:
-        if arg.endswith('.py') and not (_placeholder(arg)
-                                        or _readers_file(arg)):
+        if re.fullmatch(r'mmdet3?d?::\S+\.py', arg):
+            assert _upstream_config(arg).is_file(), f'{command}: no {arg}'
+        elif arg.endswith('.py') and not (_placeholder(arg)
+                                          or _readers_file(arg)):
             assert (ROOT / arg).exists(), f'{command}: no {arg}'
     if script.endswith('.sh') or any(_placeholder(a) for a in args):
         return

@@ -9,6 +9,7 @@ Usage:
     python tools/benchmark.py --ops [--presets yolox_s pointpillars]
         [--ops-iters 3] [--ops-warmup 1] [--ops-sweep 2 8 16]
         [--data data/bench] [--configs-root .] [--quick]
+        [--ops-configs my_config.py mmdet::retinanet/...py]
     python tools/benchmark.py --train [--train-preset yolox_s]
         [--arms stock stock+pin_memory fast] [--train-iters 50]
         [--train-warmup 10] [--repeats 3] [--data data/bench]
@@ -90,6 +91,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=list(PRESETS),
         default=['yolox_s', 'pointpillars'],
         help='configs --ops counts')
+    parser.add_argument(
+        '--ops-configs',
+        nargs='+',
+        default=[],
+        metavar='CONFIG',
+        help='--ops: also count these configs (files, or mmdet::... / '
+        'mmdet3d::...) on the data they name, the two config lines added '
+        'where FastParallelHook is missing (then no preset unless '
+        '--presets is given)')
     parser.add_argument('--ops-iters', type=int, default=3)
     parser.add_argument('--ops-warmup', type=int, default=1)
     parser.add_argument(
@@ -143,6 +153,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             args.train_iters, args.train_warmup = 3, 1
         if '--ops-iters' not in explicit:
             args.ops_iters = 1
+    if args.ops_configs and '--presets' not in explicit:
+        args.presets = []
     if args.data is None:
         args.data = osp.join(ROOT, 'data', 'sample' if args.quick else 'bench')
     return args

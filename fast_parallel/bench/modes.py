@@ -57,7 +57,8 @@ def _count_in_subprocess(args: argparse.Namespace, name: str, size: int,
 
 
 def ops_section(args: argparse.Namespace, data: str) -> dict:
-    """``--ops``: op counts of each preset, stock vs fast.
+    """``--ops``: op counts of each preset, then of each of
+    ``--ops-configs``, stock vs fast.
 
     With ``--ops-sweep`` the presets of ``--sweep-presets`` are counted again
     at every batch size given, each in a process of its own (the size the
@@ -66,15 +67,15 @@ def ops_section(args: argparse.Namespace, data: str) -> dict:
     Args:
         args (argparse.Namespace): The command line (``presets``,
             ``configs_root``, ``cfg_options``, ``ops_iters``, ``ops_warmup``,
-            ``ops_sweep``, ``sweep_presets``).
+            ``ops_sweep``, ``sweep_presets``, ``ops_configs``).
         data (str): The data folder.
 
     Returns:
-        dict: :func:`~fast_parallel.bench.ops.count_preset`, by preset; with
-        a sweep, ``sweep``: preset -> batch size -> the same.
+        dict: :func:`~fast_parallel.bench.ops.count_preset`, by preset or
+        config; with a sweep, ``sweep``: preset -> batch size -> the same.
     """
     from fast_parallel.bench.ops import count_preset
-    from fast_parallel.bench.presets import load_preset
+    from fast_parallel.bench.presets import load_config, load_preset
     out: dict = {}
     sweep: dict = {}
     sizes = sorted(set(args.ops_sweep or []))
@@ -90,6 +91,12 @@ def ops_section(args: argparse.Namespace, data: str) -> dict:
         out[name] = sweep[name][own] if own in sweep.get(
             name, {}) else count_preset(cfg, args.ops_iters, args.ops_warmup,
                                         'work_dirs/benchmark_ops')
+    for config in args.ops_configs or []:
+        cfg = load_config(config)
+        if args.cfg_options:
+            cfg.merge_from_dict(args.cfg_options)
+        out[config] = count_preset(cfg, args.ops_iters, args.ops_warmup,
+                                   'work_dirs/benchmark_ops')
     if sweep:
         out['sweep'] = sweep
     return out
@@ -148,7 +155,9 @@ def run_modes(args: argparse.Namespace, machine: dict,
     results: dict = dict(machine=machine)
     where = f'{machine["device"]}, {machine["cpus"]} CPUs, torch ' \
         f'{machine["torch"]}'
-    data = ensure_data(args.data, args.quick)  # both modes read it
+    data = args.data  # --ops-configs name their own
+    if args.train or args.presets:
+        data = ensure_data(args.data, args.quick)
     if args.ops:
         results['ops'] = ops_section(args, data)
         sweep = results['ops'].pop('sweep', None)

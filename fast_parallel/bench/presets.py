@@ -222,6 +222,35 @@ def load_preset(name: str,
     return without_accuracy_check(cfg)
 
 
+def load_config(config: str) -> Config:
+    """A user's config (a file, or ``mmdet::`` / ``mmdet3d::``), on the
+    fast path, its data where it says.
+
+    Args:
+        config (str): The config.
+
+    Returns:
+        Config: The config, with the two config lines of the README added
+        (:func:`with_fast_lines`) when it has no ``FastParallelHook``.
+
+    Raises:
+        FileNotFoundError: When ``config`` is neither an upstream name nor
+            a file.
+    """
+    if '::' in config:
+        from mmengine.hub import get_config
+        cfg = get_config(config)
+    elif osp.isfile(config):
+        cfg = Config.fromfile(config)
+    else:
+        raise FileNotFoundError(
+            f'no config {config!r}: a file, or mmdet::... / mmdet3d::...')
+    hooks = cfg.get('custom_hooks', None) or []
+    if not any(h.get('type') == 'FastParallelHook' for h in hooks):
+        with_fast_lines(cfg)
+    return without_accuracy_check(cfg)
+
+
 def without_accuracy_check(cfg: Config) -> Config:
     """Drops ``AccuracyParityHook`` from a config, in place.
 
