@@ -95,3 +95,17 @@ def test_loop_progress_counts_epochs_in_epoch_loops():
     iter_loop._epoch, iter_loop._iter = 0, 8
     assert compat.loop_progress(epoch_loop) == 2
     assert compat.loop_progress(iter_loop) == 8
+
+
+def test_every_method_a_family_stands_for_is_upstream():
+    """``STANDS_FOR``'s names are methods of the upstream classes on this
+    stack (a renamed one would otherwise never be seen set on an
+    instance)."""
+    from mmdet.models.dense_heads import AnchorHead
+
+    from fast_parallel.compat.targets import STANDS_FOR, UPSTREAM, upstream
+    for kind, names in STANDS_FOR.items():
+        cls = AnchorHead if kind == 'AnchorHead' else upstream(kind)
+        assert kind == 'AnchorHead' or kind in UPSTREAM
+        for name in names:
+            assert callable(getattr(cls, name, None)), f'{kind}.{name}'

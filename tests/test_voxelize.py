@@ -247,3 +247,30 @@ def test_switch_names_what_it_batched_and_what_not():
         '(its voxel grid has more than one z layer (pillars share cells))')
     assert 'forward_batch' not in vars(tall.middle_encoder)
     assert switch_voxelize(tall, enabled=False) is not None
+
+
+def test_someone_elses_instance_method_keeps_both_stock():
+    """A ``voxelize``, layer ``forward`` or scatter ``forward_batch`` set on
+    the instance by someone else keeps that part stock, named; ours is
+    not taken for someone else's."""
+    from types import MethodType
+
+    from fast_parallel.step.voxelize import switch_voxelize
+    model = _pointpillars()
+    pre, scatter = model.data_preprocessor, model.middle_encoder
+    theirs = MethodType(type(pre).voxelize, pre)
+    pre.voxelize = theirs
+    assert str(switch_voxelize(model)) == (
+        'voxels: Det3DDataPreprocessor stock (voxelize replaced on the '
+        'instance), PointPillarsScatter stock (its voxels are not hard '
+        'voxels of Det3DDataPreprocessor)')
+    assert pre.voxelize is theirs and 'forward_batch' not in vars(scatter)
+    model = _pointpillars()
+    layer = model.data_preprocessor.voxel_layer
+    layer.forward = MethodType(type(layer).forward, layer)
+    model.middle_encoder.forward_batch = MethodType(
+        type(model.middle_encoder).forward_batch, model.middle_encoder)
+    assert str(switch_voxelize(model)) == (
+        'voxels: Det3DDataPreprocessor stock (forward replaced on the '
+        'instance), PointPillarsScatter stock (forward_batch replaced on the '
+        'instance)')

@@ -74,7 +74,7 @@ def ops_section(args: argparse.Namespace, data: str) -> dict:
         dict: :func:`~fast_parallel.bench.ops.count_preset`, by preset or
         config; with a sweep, ``sweep``: preset -> batch size -> the same.
     """
-    from fast_parallel.bench.ops import count_preset
+    from fast_parallel.bench.ops import WORK_DIR, count_preset
     from fast_parallel.bench.presets import load_config, load_preset
     out: dict = {}
     sweep: dict = {}
@@ -90,13 +90,13 @@ def ops_section(args: argparse.Namespace, data: str) -> dict:
         own = cfg.train_dataloader.batch_size
         out[name] = sweep[name][own] if own in sweep.get(
             name, {}) else count_preset(cfg, args.ops_iters, args.ops_warmup,
-                                        'work_dirs/benchmark_ops')
+                                        WORK_DIR)
     for config in args.ops_configs or []:
         cfg = load_config(config)
         if args.cfg_options:
             cfg.merge_from_dict(args.cfg_options)
         out[config] = count_preset(cfg, args.ops_iters, args.ops_warmup,
-                                   'work_dirs/benchmark_ops')
+                                   WORK_DIR)
     if sweep:
         out['sweep'] = sweep
     return out

@@ -28,6 +28,8 @@ from fast_parallel.bench.opcount import PHASES, count_iteration_ops
 from fast_parallel.parity.runner import parity_config
 
 PATHS = ('stock', 'fast')
+#: Where the counting runs write (their logs; no checkpoints).
+WORK_DIR = 'work_dirs/benchmark_ops'
 
 
 def ops_config(cfg: Config,
@@ -245,7 +247,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         '(default: the current directory)')
     parser.add_argument('--iters', type=int, default=3)
     parser.add_argument('--warmup', type=int, default=1)
-    parser.add_argument('--work-dir', default='work_dirs/benchmark_ops')
+    parser.add_argument('--work-dir', default=WORK_DIR)
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
     args = parser.parse_args(argv)
     cfg = load_preset(args.preset, args.data, args.configs_root)

@@ -20,6 +20,8 @@ from typing import Any, Dict, List, NamedTuple, Tuple, Union
 from mmengine.config import Config
 from mmengine.utils import import_modules_from_strings
 
+from fast_parallel.config import is_enabled
+
 PathLike = Union[str, Path]
 
 
@@ -209,17 +211,14 @@ def load_preset(name: str,
     if name not in PRESETS:
         raise ValueError(f'unknown preset {name!r}; one of {list(PRESETS)}')
     preset = PRESETS[name]
-    if '::' in preset.config:
-        from mmengine.hub import get_config
-        cfg = with_fast_lines(get_config(preset.config))
-    else:
-        cfg = Config.fromfile(config_path(preset.config, configs_root))
+    cfg = load_config(preset.config if '::' in preset.
+                      config else config_path(preset.config, configs_root))
     cfg.merge_from_dict({
         key: _value(value)
         for key, value in (option.split('=', 1)
                            for option in preset_options(name, data))
     })
-    return without_accuracy_check(cfg)
+    return cfg
 
 
 def load_config(config: str) -> Config:
@@ -245,8 +244,7 @@ def load_config(config: str) -> Config:
     else:
         raise FileNotFoundError(
             f'no config {config!r}: a file, or mmdet::... / mmdet3d::...')
-    hooks = cfg.get('custom_hooks', None) or []
-    if not any(h.get('type') == 'FastParallelHook' for h in hooks):
+    if not is_enabled(cfg):
         with_fast_lines(cfg)
     return without_accuracy_check(cfg)
 

@@ -8,7 +8,7 @@ checked on. Checked on mmdet 3.3.0 and mmdet3d 1.4.0
 (:data:`fast_parallel.compat.CHECKED_ON`).
 """
 import importlib
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from fast_parallel.compat.core import CHECKED_ON, CompatError, private
 from fast_parallel.compat.mmdet import YOLOX_HEAD_METHODS
@@ -107,6 +107,9 @@ STANDS_FOR: Dict[str, Tuple[str, ...]] = {
     'Anchor3DHead':
     ('anchor_target_3d_single', 'anchor_target_single_assigner'),
     'CenterHead': ('get_targets_single', ),
+    'Det3DDataPreprocessor': ('voxelize', ),
+    'Voxelization': ('forward', ),
+    'PointPillarsScatter': ('forward', 'forward_batch'),
 }
 
 #: The ``train_cfg`` keys mmdet3d's ``CenterHead.get_targets_single`` reads.
@@ -127,6 +130,27 @@ def replaced_on_instance(obj: Any, kind: str) -> List[str]:
     """
     own = vars(obj)
     return [name for name in STANDS_FOR[kind] if name in own]
+
+
+def replaced_reason(*checks: Tuple[Any, str],
+                    label: str = '') -> Optional[str]:
+    """Why objects stay stock when one of their :data:`STANDS_FOR`
+    methods is set on the object itself, or None.
+
+    Args:
+        *checks (tuple): ``(obj, kind)`` pairs for
+            :func:`replaced_on_instance`.
+        label (str): Put before the names (e.g. ``'RandomSampler.'``).
+
+    Returns:
+        Optional[str]: ``'<label><names> replaced on the instance'``, or
+        None when none is.
+    """
+    own = [
+        name for obj, kind in checks
+        for name in replaced_on_instance(obj, kind)
+    ]
+    return f'{label}{", ".join(own)} replaced on the instance' if own else None
 
 
 def targets_single(head: Any) -> Callable:

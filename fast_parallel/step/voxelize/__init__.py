@@ -14,7 +14,7 @@ import torch
 from mmengine.logging import MMLogger
 from torch import Tensor, nn
 
-from fast_parallel.compat.targets import upstream
+from fast_parallel.compat.targets import replaced_reason, upstream
 from fast_parallel.outcome import Outcome
 from fast_parallel.step.voxelize.hard import hard_voxelize_batch
 from fast_parallel.step.voxelize.scatter import (forward_batch,
@@ -43,8 +43,10 @@ def supported(preprocessor: Any) -> Optional[str]:
     if type(layer) not in (upstream('VoxelizationByGridShape'),
                            upstream('Voxelization')):
         return f'voxel_layer {type(layer).__name__}'
-    if 'forward' in vars(layer) or 'voxelize' in vars(preprocessor):
-        return 'voxelize or the layer\'s forward replaced on the instance'
+    why = replaced_reason((preprocessor, 'Det3DDataPreprocessor'),
+                          (layer, 'Voxelization'))
+    if why:
+        return why
     if not layer.deterministic:
         return 'deterministic=False'
     if layer.max_num_points <= 0 or any(int(m) <= 0 for m in layer.max_voxels):

@@ -15,7 +15,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from fast_parallel.compat.targets import upstream
+from fast_parallel.compat.targets import (replaced_on_instance,
+                                          replaced_reason, upstream)
 from fast_parallel.step.voxelize.hard import grid_size
 
 __all__ = ['forward_batch', 'scatter_supported']
@@ -53,12 +54,14 @@ def scatter_supported(encoder: Any, preprocessor: Any,
     name = type(encoder).__name__
     if type(encoder) is not upstream('PointPillarsScatter'):
         return f'{name} is not PointPillarsScatter'
-    if 'forward_batch' in vars(encoder) or 'forward' in vars(encoder):
-        return 'forward replaced on the instance'
+    why = replaced_reason((encoder, 'PointPillarsScatter'))
+    if why:
+        return why
     ours = isinstance(getattr(preprocessor, 'fast_voxelize_stock', None), int)
     if (type(preprocessor) is not upstream('Det3DDataPreprocessor')
             or getattr(preprocessor, 'voxel_type', None) != 'hard'
-            or 'voxelize' in vars(preprocessor) and not ours):
+            or replaced_on_instance(preprocessor, 'Det3DDataPreprocessor')
+            and not ours):
         return 'its voxels are not hard voxels of Det3DDataPreprocessor'
     layer = preprocessor.voxel_layer
     if grid_size(layer.voxel_size, layer.point_cloud_range)[2] != 1:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from fast_parallel.compat import CompatError
-from fast_parallel.compat.targets import replaced_on_instance, upstream
+from fast_parallel.compat.targets import replaced_reason, upstream
 from fast_parallel.step.targets.cpu_paths import (PathModelError,
                                                   require_same_paths)
 from fast_parallel.step.targets.max_iou.assign import assign_batch
@@ -44,14 +44,17 @@ def anchor3d_supported(head: Any) -> Optional[str]:
         if getattr(head, 'train_cfg',
                    None) is None or not hasattr(head, 'bbox_assigner'):
             return 'Anchor3DHead has no train_cfg (no assigner)'
-        for name in replaced_on_instance(head, 'Anchor3DHead'):
-            return f'Anchor3DHead.{name} replaced on the instance'
+        why = replaced_reason((head, 'Anchor3DHead'), label='Anchor3DHead.')
+        if why:
+            return why
         for assigner in _assigners(head):
             if type(assigner) is not upstream('Max3DIoUAssigner'):
                 return f'assigner {type(assigner).__name__} is not ' \
                     'Max3DIoUAssigner'
-            if replaced_on_instance(assigner, 'MaxIoUAssigner'):
-                return 'Max3DIoUAssigner.assign replaced on the instance'
+            why = replaced_reason((assigner, 'MaxIoUAssigner'),
+                                  label='Max3DIoUAssigner.')
+            if why:
+                return why
             calc = type(assigner.iou_calculator)
             if calc is not upstream('BboxOverlapsNearest3D'):
                 return f'iou_calculator {calc.__name__} is not ' \

@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Sequence
 import torch
 
 from fast_parallel.compat.targets import (CENTER_HEAD_TRAIN_KEYS,
-                                          replaced_on_instance, upstream)
+                                          replaced_reason, upstream)
 from fast_parallel.step.targets.centerpoint.targets import center_targets
 from fast_parallel.step.targets.cpu_paths import PathModelError
 from fast_parallel.step.targets.stock_way import StockWay, batch_targets
@@ -47,10 +47,7 @@ def supported(head: Any) -> Optional[str]:
     for names in head.class_names:
         if len(set(names)) != len(names):
             return 'a task names a class twice'
-    overridden = replaced_on_instance(head, 'CenterHead')
-    if overridden:
-        return f'{", ".join(overridden)} replaced on the instance'
-    return None
+    return replaced_reason((head, 'CenterHead'))
 
 
 def batch_reason(gts: Sequence[Any]) -> Optional[str]:

@@ -16,8 +16,8 @@ from typing import Any, List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from fast_parallel.compat.targets import (raw_positive_infos,
-                                          replaced_on_instance, upstream)
+from fast_parallel.compat.targets import (raw_positive_infos, replaced_reason,
+                                          upstream)
 from fast_parallel.step.targets.max_iou.sampling import sampler_reason
 from fast_parallel.step.targets.max_iou.targets import (anchor_head_targets,
                                                         assigner_reason,
@@ -49,9 +49,9 @@ def supported(head: Any) -> Optional[str]:
             head.bbox_coder) is not upstream('DeltaXYWHBBoxCoder'):
         return f'bbox_coder {type(head.bbox_coder).__name__} is not ' \
             'DeltaXYWHBBoxCoder'
-    overridden = replaced_on_instance(head, 'AnchorHead')
-    if overridden:
-        return f'{", ".join(overridden)} replaced on the instance'
+    why = replaced_reason((head, 'AnchorHead'))
+    if why:
+        return why
     for key in ('pos_weight', 'allowed_border'):
         value = head.train_cfg.get(key, None)
         if not isinstance(value, (int, float)) or isinstance(value, bool):

@@ -14,7 +14,7 @@ from typing import Any, List, NamedTuple, Optional, Sequence
 import torch
 from torch import Tensor
 
-from fast_parallel.compat.targets import replaced_on_instance, upstream
+from fast_parallel.compat.targets import replaced_reason, upstream
 from fast_parallel.step.targets.dynamic_k import host_values, nonzero
 
 __all__ = ['Sampled', 'sample_batch', 'sampler_reason']
@@ -40,10 +40,7 @@ def sampler_reason(sampler: Any) -> Optional[str]:
     if sampler.pos_sampler is not sampler or sampler.neg_sampler is not \
             sampler:
         return 'RandomSampler with other pos/neg samplers'
-    own = replaced_on_instance(sampler, 'RandomSampler')
-    if own:
-        return f'RandomSampler.{", ".join(own)} replaced on the instance'
-    return None
+    return replaced_reason((sampler, 'RandomSampler'), label='RandomSampler.')
 
 
 def _draws(sampler: Any, num_pos: Sequence[int],

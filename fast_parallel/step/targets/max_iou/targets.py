@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
-from fast_parallel.compat.targets import replaced_on_instance, upstream
+from fast_parallel.compat.targets import replaced_reason, upstream
 from fast_parallel.step.targets import cpu_paths
 from fast_parallel.step.targets.dynamic_k import nonzero
 from fast_parallel.step.targets.max_iou.assign import assign_batch
@@ -32,9 +32,10 @@ def assigner_reason(assigner: Any) -> Optional[str]:
     """None for a ``MaxIoUAssigner`` the batched assignment reproduces."""
     if type(assigner) is not upstream('MaxIoUAssigner'):
         return f'assigner {type(assigner).__name__} is not MaxIoUAssigner'
-    own = replaced_on_instance(assigner, 'MaxIoUAssigner')
-    if own:
-        return f'MaxIoUAssigner.{", ".join(own)} replaced on the instance'
+    why = replaced_reason((assigner, 'MaxIoUAssigner'),
+                          label='MaxIoUAssigner.')
+    if why:
+        return why
     iou = assigner.iou_calculator
     if type(iou) is not upstream('BboxOverlaps2D'):
         return f'iou_calculator {type(iou).__name__} is not BboxOverlaps2D'

@@ -14,7 +14,7 @@ from typing import Any, List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from fast_parallel.compat.targets import (replaced_on_instance, targets_single,
+from fast_parallel.compat.targets import (replaced_reason, targets_single,
                                           upstream)
 from fast_parallel.step.targets.padding import (gt_layout_reason,
                                                 images_to_levels, pad_gts)
@@ -53,10 +53,10 @@ def rtmdet_supported(head: Any) -> Optional[str]:
         return 'sampler is not PseudoSampler'
     if type(head.prior_generator) is not upstream('MlvlPointGenerator'):
         return 'prior_generator is not MlvlPointGenerator'
-    overridden = replaced_on_instance(head, 'RTMDetHead') + \
-        replaced_on_instance(assigner, 'DynamicSoftLabelAssigner')
-    if overridden:
-        return f'{", ".join(overridden)} replaced on the instance'
+    why = replaced_reason((head, 'RTMDetHead'),
+                          (assigner, 'DynamicSoftLabelAssigner'))
+    if why:
+        return why
     topk = assigner.topk
     if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
         return f'topk={topk!r} is not a positive int'

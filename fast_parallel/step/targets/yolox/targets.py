@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from fast_parallel.compat import yolox_targets_single
-from fast_parallel.compat.targets import replaced_on_instance, upstream
+from fast_parallel.compat.targets import replaced_reason, upstream
 from fast_parallel.step.targets import cpu_paths
 from fast_parallel.step.targets.padding import gt_layout_reason, pad_gts
 from fast_parallel.step.targets.stock_way import StockWay
@@ -55,10 +55,9 @@ def yolox_supported(head: Any) -> Optional[str]:
         return 'BboxOverlaps2D with scale or dtype options'
     if type(getattr(head, 'sampler', None)) is not upstream('PseudoSampler'):
         return 'sampler is not PseudoSampler'
-    overridden = replaced_on_instance(head, 'YOLOXHead') + \
-        replaced_on_instance(assigner, 'SimOTAAssigner')
-    if overridden:
-        return f'{", ".join(overridden)} replaced on the instance'
+    why = replaced_reason((head, 'YOLOXHead'), (assigner, 'SimOTAAssigner'))
+    if why:
+        return why
     topk = assigner.candidate_topk
     if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
         return f'candidate_topk={topk!r} is not a positive int'
