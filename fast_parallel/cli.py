@@ -202,3 +202,89 @@ def use_amp(cfg: Config, tool: str) -> None:
     if cfg.optim_wrapper.get('type', 'OptimWrapper') != 'AmpOptimWrapper':
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.loss_scale = 'dynamic'
+
+
+def visualize_config(cfg: Config, show: bool, show_dir: Optional[str],
+                     wait_time: float) -> None:
+    """``--show`` / ``--show-dir``: mmdet's ``trigger_visualization_hook``.
+
+    Turns on drawing in ``default_hooks.visualization`` (mmdet's
+    ``DetVisualizationHook``, mmdet3d's ``Det3DVisualizationHook``).
+
+    Args:
+        cfg (Config): The config, changed in place.
+        show (bool): Show each prediction in a window.
+        show_dir (str, optional): Save the painted images there (under the
+            run's timestamp folder of the work dir).
+        wait_time (float): Seconds each shown image stays.
+
+    Raises:
+        RuntimeError: The config has no visualization hook.
+    """
+    hooks = cfg.get('default_hooks') or {}
+    if 'visualization' not in hooks:
+        raise RuntimeError(
+            'VisualizationHook must be included in default_hooks. refer to '
+            'usage "visualization=dict(type=\'VisualizationHook\')"')
+    hook = hooks['visualization']
+    hook['draw'] = True
+    if show:
+        hook['show'] = True
+        hook['wait_time'] = wait_time
+    if show_dir:
+        hook['test_out_dir'] = show_dir
+
+
+def tta_config(cfg: Config) -> None:
+    """``--tta``: the model under ``cfg.tta_model``, the test set through
+    ``cfg.tta_pipeline``, as mmdet's ``tools/test.py --tta``.
+
+    Where the config has neither, mmdet's defaults (``DetTTAModel`` with
+    NMS at 0.5 IoU, horizontal flip on and off), with mmdet's warnings; an
+    mmdet3d config must name both, as mmdet3d's tool requires.
+
+    Args:
+        cfg (Config): The config, changed in place.
+
+    Raises:
+        AssertionError: A config of another scope (mmdet3d) without
+            ``tta_model`` or ``tta_pipeline``.
+    """
+    import copy
+    import warnings
+
+    from mmengine.config import ConfigDict
+    scope = cfg.get('default_scope', 'mmdet')
+    if scope != 'mmdet':  # mmdet3d's tools/test.py
+        for key in ('tta_model', 'tta_pipeline'):
+            if key not in cfg:
+                raise AssertionError(f'Cannot find ``{key}`` in config.')
+    if 'tta_model' not in cfg:
+        warnings.warn('Cannot find ``tta_model`` in config, '
+                      'we will set it as default.')
+        cfg.tta_model = dict(
+            type='DetTTAModel',
+            tta_cfg=dict(
+                nms=dict(type='nms', iou_threshold=0.5), max_per_img=100))
+    if 'tta_pipeline' not in cfg:
+        warnings.warn('Cannot find ``tta_pipeline`` in config, '
+                      'we will set it as default.')
+        test_data_cfg = cfg.test_dataloader.dataset
+        while 'dataset' in test_data_cfg:
+            test_data_cfg = test_data_cfg['dataset']
+        cfg.tta_pipeline = copy.deepcopy(test_data_cfg.pipeline)
+        cfg.tta_pipeline[-1] = dict(
+            type='TestTimeAug',
+            transforms=[[
+                dict(type='RandomFlip', prob=1.),
+                dict(type='RandomFlip', prob=0.)
+            ],
+                        [
+                            dict(
+                                type='PackDetInputs',
+                                meta_keys=('img_id', 'img_path', 'ori_shape',
+                                           'img_shape', 'scale_factor', 'flip',
+                                           'flip_direction'))
+                        ]])
+    cfg.model = ConfigDict(**cfg.tta_model, module=cfg.model)
+    cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline

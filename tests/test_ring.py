@@ -2,6 +2,7 @@
 early."""
 import gc
 
+import pytest
 import torch
 from helpers import assert_same_tree
 from mmengine.dataset import pseudo_collate
@@ -56,10 +57,11 @@ def test_held_batches_are_never_overwritten():
         assert_same_tree(batch, stock_batch(dataset, b, 4))
 
 
-def test_slot_flag_clears_when_the_last_view_goes():
-    dataset = Clouds()
+def _one_slot_batch():
+    """One batch from a one-slot ring, its workers stopped; the slot's
+    main-process record."""
     loader = DataLoader(
-        dataset,
+        Clouds(),
         batch_size=2,
         num_workers=1,
         collate_fn=PackedCollate(ring=SharedRing(1)))
@@ -72,15 +74,64 @@ def test_slot_flag_clears_when_the_last_view_goes():
         for k in set(ring_module._RECEIVED_SLOTS) - known
     ]
     assert len(new) == 1
-    flag = new[0][1]
+    return batch, new[0].flag
+
+
+def _freed_now(flag) -> bool:
+    gc.collect()
+    ring_module.release_unreachable_slots()
+    return int(flag[0]) == 0
+
+
+def test_slot_flag_clears_when_the_last_view_goes():
+    batch, flag = _one_slot_batch()
     points = batch['inputs']['points'][0]
     assert int(flag[0]) == 1
     del batch
-    gc.collect()
-    assert int(flag[0]) == 1  # `points` still views the slot
+    assert not _freed_now(flag)  # `points` still views the slot
     del points
-    gc.collect()
-    assert int(flag[0]) == 0
+    assert _freed_now(flag)
+
+
+@pytest.mark.parametrize('handle', [
+    lambda t: t.detach(),
+    lambda t: t.data,
+    lambda t: t.detach().numpy(),
+    lambda t: t.detach().cpu().numpy()[1:],
+    lambda t: torch.from_numpy(t.detach().numpy()),
+    lambda t: t.untyped_storage(),
+])
+def test_a_handle_without_the_view_keeps_the_slot(handle):
+    # the idioms that share memory without keeping the tensor object that
+    # unpack returned: the slot must stay taken while any of them lives
+    batch, flag = _one_slot_batch()
+    kept = handle(batch['inputs']['points'][0])
+    del batch
+    assert not _freed_now(flag)
+    del kept
+    assert _freed_now(flag)
+
+
+def test_detached_handles_kept_across_many_batches_stay_intact():
+    # a metric's habit: keep x.detach() (or its numpy array) of every batch
+    dataset = Clouds()
+    loader = DataLoader(
+        dataset,
+        batch_size=2,
+        num_workers=2,
+        collate_fn=PackedCollate(ring=SharedRing(2)))
+    kept = []
+    for packed in loader:
+        points = packed.unpack()['inputs']['points']
+        kept += [(p.detach(), p.clone()) for p in points[:1]]
+        kept += [(p.detach().numpy(), p.numpy().copy()) for p in points[1:]]
+        del packed, points
+    assert len(kept) == len(dataset)
+    changed = [
+        i for i, (k, c) in enumerate(kept) if (torch.as_tensor(k).view(
+            torch.int32) != torch.as_tensor(c).view(torch.int32)).any()
+    ]
+    assert changed == []
 
 
 def test_no_ring_outside_workers():

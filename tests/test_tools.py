@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import torch
+from mmengine.fileio import load
 from models import CONFIGS, ROOT
 from runner_utils import data_options
 from test_distributed import free_port
@@ -61,6 +62,28 @@ def test_train_resume_and_test(sample_data, tmp_path):
     metrics = json.loads(metrics_file.read_text())
     assert 'coco/bbox_mAP' in metrics and 'coco/bbox_mAP' in out
     assert (tmp_path / 'preds.pkl').exists()
+    # mmdet's --tta (flip on and off, DetTTAModel), fast and stock: the
+    # same predictions; --show-dir paints them
+    preds = {}
+    for arm in ('--fast', '--no-fast'):
+        preds[arm] = tmp_path / f'tta{arm}.pkl'
+        extra = ['--show-dir', 'painted'] if arm == '--fast' else []
+        out = run_tool([
+            sys.executable, 'tools/test.py', CONFIG,
+            str(work / 'epoch_2.pth'), arm, '--tta', '--work-dir',
+            str(tmp_path / f'tta{arm}'), '--out',
+            str(preds[arm]), *extra, '--cfg-options', *options(sample_data)
+        ])
+        assert 'Cannot find ``tta_model`` in config' in out
+    fast, stock = (load(preds[arm]) for arm in ('--fast', '--no-fast'))
+    assert len(fast) == len(stock) == 4
+    for a, b in zip(fast, stock):
+        assert a['img_id'] == b['img_id']
+        for key in ('bboxes', 'scores', 'labels'):
+            x, y = a['pred_instances'][key], b['pred_instances'][key]
+            assert x.dtype == y.dtype and torch.equal(x, y), key
+    painted = glob.glob(str(tmp_path / 'tta--fast' / '*' / 'painted' / '*'))
+    assert len(painted) == 4
 
 
 def test_train_fast_switch_on_a_stock_config(sample_data, tmp_path):

@@ -164,7 +164,9 @@ def test_ring_batches_are_pinned_by_copy_and_release_their_slot():
         stock = pseudo_collate([Samples()[i] for i in (2 * b, 2 * b + 1)])
         assert_same_tree(pinned.unpack(), stock)
     after = ring_module.RECEIVED_COUNTS
-    assert after['storages'] + after['reused'] - sum(before.values()) == 2
+    arrived = after['storages'] + after['reused'] - before['storages'] - \
+        before['reused']
+    assert arrived == 2
 
 
 @needs_cuda
@@ -222,3 +224,38 @@ def test_move_batch_asks_no_driver(pinned):
     with CountCalls() as calls:
         Wrapper().move_batch(packed, torch.device('cpu'), 'train')
     assert calls.queries() == {}
+
+
+def test_handed_out_batch_moves_one_copy_per_buffer_with_stocks_cast():
+    from mmengine.model import BaseDataPreprocessor
+
+    from fast_parallel.data.handout import hand_out
+    packed = fake_pinned(batch())
+    tree = hand_out(packed)
+    device = torch.device('meta')  # another device than the CPU
+    preprocessor = BaseDataPreprocessor().to(device)
+    module = torch.nn.Module()
+    module.data_preprocessor = preprocessor
+    wrapper = Wrapper()
+    wrapper.module = module
+    with SeeCopies() as copies:
+        out = wrapper.move_batch(tree, device, 'train')
+    assert copies.non_blocking == [True] * len(packed.buffers)
+    assert type(out) is dict and out is not tree
+    assert all(t.device == device for t in out['inputs'])
+    assert all(t.device.type == 'cpu' for t in tree['inputs'])  # unchanged
+    last = wrapper.transfer_stats.last['train']
+    assert last['transfer_copies'] == len(packed.buffers)
+
+
+def test_transfer_figures_stay_out_of_checkpoints():
+    from mmengine.logging import MessageHub
+    hub = MessageHub.get_instance('test_transfer_figures_stay_out')
+    assert MessageHub.get_current_instance() is hub
+    Wrapper().move_batch(batch(), torch.device('cpu'), 'train')
+    logged = {k for k in hub.log_scalars if k.startswith('train/transfer')}
+    assert logged == {
+        'train/transfer_time', 'train/transfer_copies', 'train/transfer_mb'
+    }
+    saved = hub.state_dict()['log_scalars']
+    assert not [k for k in saved if k.startswith('train/transfer')]

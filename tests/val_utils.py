@@ -89,7 +89,9 @@ def iter_runner(data: Path,
                 val_interval: int = 2,
                 workers: int = 2,
                 checkpoint: Optional[dict] = None,
-                train_loader: Optional[dict] = None) -> Runner:
+                train_loader: Optional[dict] = None,
+                val_loader: Optional[dict] = None,
+                metrics: Optional[List[dict]] = None) -> Runner:
     """An ``IterBasedTrainLoop`` run validating every ``val_interval``.
 
     Args:
@@ -104,14 +106,21 @@ def iter_runner(data: Path,
             saves none. Defaults to None.
         train_loader (dict, optional): Keys merged into the train
             DataLoader config. Defaults to None.
+        val_loader (dict, optional): Keys merged into the val DataLoader
+            config (one worker). Defaults to None.
+        metrics (list[dict], optional): Metrics evaluated after
+            ``CocoMetric``. Defaults to None.
 
     Returns:
         Runner: Not run yet.
     """
-    evaluator = dict(
-        type='CocoMetric',
-        metric='bbox',
-        ann_file=str(data / 'coco' / 'annotations' / 'instances_val2017.json'))
+    evaluator = [
+        dict(
+            type='CocoMetric',
+            metric='bbox',
+            ann_file=str(
+                data / 'coco' / 'annotations' / 'instances_val2017.json'))
+    ] + list(metrics or [])
     return Runner(
         model=BoxEcho(),
         work_dir=str(work_dir),
@@ -121,7 +130,10 @@ def iter_runner(data: Path,
             type='IterBasedTrainLoop',
             max_iters=max_iters,
             val_interval=val_interval),
-        val_dataloader=coco_loader(data, 1),
+        val_dataloader={
+            **coco_loader(data, 1),
+            **(val_loader or {})
+        },
         val_cfg=dict(),
         val_evaluator=evaluator,
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),

@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from fast_parallel.bench.synthetic import pointpillars_samples, yolox_samples
 from fast_parallel.data.collate import packed_collate
+from fast_parallel.data.handout import move_handed, take
 from fast_parallel.data.loader import FastDataLoader
 from fast_parallel.data.packing import stock_transfers
 
@@ -87,8 +88,9 @@ def data_path_times(path: str,
     """Main-process seconds per batch, next() to input on the device.
 
     Stock: ``DataLoader`` + ``pseudo_collate`` + ``cast_data``; fast:
-    ``FastDataLoader`` + ``packed_collate`` + ``PackedBatch.to(...)
-    .unpack()``, what FastParallelHook installs. The device is synchronised
+    ``FastDataLoader`` + ``packed_collate`` (yielding stock's structure)
+    + :func:`~fast_parallel.data.handout.move_handed`, what
+    FastParallelHook installs. The device is synchronised
     around the timer.
 
     Args:
@@ -120,9 +122,10 @@ def data_path_times(path: str,
         _sync(device)
         start = time.perf_counter()
         batch = next(it)
-        if path == 'fast':
-            pinned = device.type == 'cuda'
-            data = batch.to(device, non_blocking=pinned).unpack()
+        if path == 'fast':  # what the wrappers do with a handed-out batch
+            data, _, _ = move_handed(
+                take(batch), device, device.type == 'cuda',
+                preprocessor.cast_data)
         else:
             data = preprocessor.cast_data(batch)
         _sync(device)

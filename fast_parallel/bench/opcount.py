@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional
 from mmengine.hooks import Hook
 
 from fast_parallel.compat import ITEM_OP, dispatch_mode_class
-from fast_parallel.data.batch import PackedBatch
+from fast_parallel.data.handout import packed_batch_of
 from fast_parallel.data.packing import stock_transfers
 from fast_parallel.step.targets.stats import TargetStats
 from fast_parallel.step.targets.switch import target_heads
@@ -159,9 +159,10 @@ class _CountStart(Hook):
         """Starts counting; notes the batch's copies to a device."""
         if not self.observed:  # after every before_train: heads switched
             self._observe_targets(runner.model)
+        packed = packed_batch_of(data_batch)
         self.copies = (
-            data_batch.num_copies if isinstance(data_batch, PackedBatch) else
-            stock_transfers(data_batch)[0])
+            packed.num_copies
+            if packed is not None else stock_transfers(data_batch)[0])
         self.counter = OpCounter('before_iter_hooks')
         self.counter.__enter__()
 

@@ -39,7 +39,8 @@ from fast_parallel.compat.torch_data import (base_iterator_class,
                                              point_holder_at,
                                              set_persistent_iterator,
                                              shutdown_workers, start_iterator,
-                                             started_iterators)
+                                             started_iterators,
+                                             storage_use_count)
 
 # yapf: enable
 
@@ -61,6 +62,6 @@ __all__ = [
     'persistent_iterator', 'preprocessor_device', 'private',
     'randomness_config', 'run_forward', 'runner_loop',
     'set_persistent_iterator', 'shutdown_workers', 'start_iterator',
-    'started_iterators', 'switched_hooks', 'yolox_bbox_decode',
-    'yolox_targets_single'
+    'started_iterators', 'storage_use_count', 'switched_hooks',
+    'yolox_bbox_decode', 'yolox_targets_single'
 ]

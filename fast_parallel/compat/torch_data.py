@@ -162,16 +162,19 @@ def base_iterator_class() -> type:
 
 
 @functools.lru_cache(maxsize=None)
-def fast_iterator_classes(
-        inherited_seed: Callable[[Any], Optional[int]]) -> Tuple[type, type]:
+def fast_iterator_classes(inherited_seed: Callable[[Any], Optional[int]],
+                          hand_out: Callable[[Any], Any]) -> Tuple[type, type]:
     """torch's single- and multi-process DataLoader iterators without the
-    per-batch profiler scope, taking an inherited base seed.
+    per-batch profiler scope, taking an inherited base seed and yielding
+    ``hand_out`` of each batch.
 
     Args:
         inherited_seed (callable): ``inherited_seed(loader)``: the base seed
             the loader's new iterator gives its workers instead of the one
             it drew, or None to keep that
             (:func:`fast_parallel.data.loader_state.take_inherited_base_seed`).
+        hand_out (callable): What a batch becomes before it is yielded
+            (:func:`fast_parallel.data.handout.hand_out`).
 
     Returns:
         tuple: ``(single-process class, multi-process class)``.
@@ -197,6 +200,13 @@ def fast_iterator_classes(
             self._num_yielded += 1
             return data
 
+    class _HandOut:
+        """``_next_data`` (torch's, after the pin thread) through
+        ``hand_out``; every ``__next__`` path calls it."""
+
+        def _next_data(self) -> Any:
+            return hand_out(super()._next_data())
+
     class _InheritedSeed(base):
         """Takes the base seed ``inherited_seed`` gives (a rebuilt loader's
         predecessor's, a checkpoint's), right above torch's base class in
@@ -209,10 +219,11 @@ def fast_iterator_classes(
             if seed is not None:
                 self._base_seed = seed
 
-    class SingleProcessIter(_NextWithoutProfilerScope, single, _InheritedSeed):
+    class SingleProcessIter(_NextWithoutProfilerScope, _HandOut, single,
+                            _InheritedSeed):
         pass
 
-    class MultiProcessingIter(_NextWithoutProfilerScope, multi,
+    class MultiProcessingIter(_NextWithoutProfilerScope, _HandOut, multi,
                               _InheritedSeed):
         pass
 
@@ -225,3 +236,30 @@ def dispatch_mode_class() -> type:
     module = importlib.import_module('torch.utils._python_dispatch')
     return private(module, 'TorchDispatchMode', 'torch',
                    'counting operations (fast_parallel.bench.opcount)')
+
+
+# ------------------------------------------------- shared ring reuse ---
+def storage_use_count(tensor: Any) -> int:
+    """How many references hold the storage ``tensor`` lives on.
+
+    Counts every tensor, view, ``.detach()``, ``.data`` and NumPy array
+    (through the tensor it keeps) that shares the storage (torch's
+    ``_storage_Use_Count``), plus the references to the storage's one Python
+    object (``untyped_storage()`` returns the same object while it lives,
+    which holds no count of its own), this call's included: the shared ring
+    reuses a slot only when this is back to what the ring itself holds
+    (:mod:`fast_parallel.data.ring`).
+
+    Args:
+        tensor (Tensor): Any tensor on the storage.
+
+    Returns:
+        int: The two counts, added.
+    """
+    import sys
+
+    import torch
+    count = private(torch._C, '_storage_Use_Count', 'torch',
+                    'the shared ring (when a slot may be reused)')
+    storage = tensor.untyped_storage()
+    return count(storage._cdata) + sys.getrefcount(storage)

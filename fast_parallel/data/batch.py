@@ -186,6 +186,31 @@ class PackedBatch:
     def _has_undense_leaves(self) -> bool:
         return any(entry.moved_stride is not None for entry in self.layout)
 
+    def leaf(self, slot: int) -> torch.Tensor:
+        """The tensor leaf of one layout slot, as :meth:`unpack` gives it.
+
+        Args:
+            slot (int): Index into :attr:`layout`.
+
+        Returns:
+            Tensor: A view into its buffer with the original strides, or,
+            after a move to another device, what stock's ``Tensor.to``
+            gives for a leaf that was not non-overlapping-and-dense.
+        """
+        entry = self.layout[slot]
+        view = self.buffers[entry.dtype].as_strided(entry.shape, entry.stride,
+                                                    entry.offset)
+        if self.moved and entry.moved_stride is not None:
+            view = dense_copy(view, entry.moved_stride)
+        if entry.requires_grad:
+            view.requires_grad_()
+        return view
+
+    def leaves(self) -> List[torch.Tensor]:
+        """list[Tensor]: Every layout slot's leaf (:meth:`leaf`), in order.
+        """
+        return [self.leaf(slot) for slot in range(len(self.layout))]
+
     def unpack(self) -> Any:
         """Rebuilds the collated structure.
 
@@ -196,19 +221,20 @@ class PackedBatch:
             non-overlapping-and-dense after a move to another device:
             those are dense copies, as stock's ``Tensor.to`` makes them.
         """
-        buffers = self.buffers
-        moved = self.moved
-        views = []
-        for entry in self.layout:
-            view = buffers[entry.dtype].as_strided(entry.shape, entry.stride,
-                                                   entry.offset)
-            if moved and entry.moved_stride is not None:
-                view = dense_copy(view, entry.moved_stride)
-            if entry.requires_grad:
-                view.requires_grad_()
-            views.append(view)
+        return self.rebuild(self.leaves())
+
+    def rebuild(self, leaves: List[torch.Tensor]) -> Any:
+        """The collated structure around given leaves (see :meth:`unpack`).
+
+        Args:
+            leaves (list[Tensor]): One tensor per layout slot, e.g.
+                :meth:`leaves`.
+
+        Returns:
+            The structure, a new one per call.
+        """
         return self.skeleton.unpack(
-            UnpackContext(views, self.device, self.non_blocking))
+            UnpackContext(leaves, self.device, self.non_blocking))
 
     def __repr__(self) -> str:
         dtypes = ', '.join(

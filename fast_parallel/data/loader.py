@@ -9,8 +9,12 @@ than everything the packed batch itself costs there (measured:
 minus that scope while no profiler is running; with a profiler on they are
 torch's own ``__next__``.
 
-Workers, sampling, seeding, worker-failure detection and shutdown are
-torch's unchanged: the classes below only override ``__next__``.
+A packed batch is yielded as the structure its collate function made
+(:func:`~fast_parallel.data.handout.hand_out`), so that hooks, evaluators
+and scripts see stock's batch; the wrappers still move it in one copy per
+buffer. Workers, sampling, seeding, worker-failure detection and shutdown
+are torch's unchanged: the classes below only override ``__next__`` and
+``_next_data``.
 """
 
 import torch
@@ -19,14 +23,16 @@ from torch.utils.data import DataLoader
 from fast_parallel.compat import (check_dataloader_internals,
                                   fast_iterator_classes)
 from fast_parallel.data.collate import PackedCollate, packed_for
+from fast_parallel.data.handout import hand_out
 from fast_parallel.data.loader_state import (loader_state,
                                              take_inherited_base_seed)
 from fast_parallel.data.worker_exit import exit_with_parent
 
 # torch's iterators without the per-batch profiler scope, taking the base
-# seed of the loader's state (the seam builds them from torch's private
-# classes, checked on torch 2.13.0).
-_Single, _Multi = fast_iterator_classes(take_inherited_base_seed)
+# seed of the loader's state and yielding stock's structure of a packed
+# batch (the seam builds them from torch's private classes, checked on
+# torch 2.13.0).
+_Single, _Multi = fast_iterator_classes(take_inherited_base_seed, hand_out)
 
 
 class _SingleProcessIter(_Single):
@@ -42,7 +48,8 @@ class FastDataLoader(DataLoader):
 
     ``FastParallelHook`` switches the class of the Runner's own DataLoaders
     (exactly ``DataLoader``, not subclasses) to this one; nothing else about
-    them changes.
+    them changes. A ``PackedBatch`` from its collate function is yielded
+    unpacked (:func:`~fast_parallel.data.handout.hand_out`).
     """
 
     def _get_iterator(self):

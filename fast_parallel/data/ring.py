@@ -9,23 +9,28 @@ each batch into a free one. A slot's storages cross the queue once; after
 that a batch carries only ``(worker pid, slot, generation)`` and the sizes,
 and the main process maps nothing.
 
-A slot is free again when nothing in the main process references its memory
-any more: the per-batch buffer tensors are plain (non-view) tensors on the
-cached storage, every tensor ``unpack`` returns is a view of one of them, and
-a ``weakref.finalize`` on each buffer clears the slot's shared flag once all
-of them are gone. With ``pin_memory`` that is right after the pin thread's
-copy; on the CPU it is when the step (and anything that kept a view, e.g. an
-evaluator holding ground truth) lets go. A worker that finds no free slot
-never waits: it packs into fresh buffers, exactly as without the ring. So a
-slot is never written while anything can still read it, and the numbers the
-model sees are the same bytes either way.
+A slot is free again when nothing in the main process can reach its memory
+any more: no tensor, view, ``.detach()``, ``.data``, storage object or NumPy
+array (each keeps a reference to the storage) of any batch it carried. The
+main process knows this from the storages' reference counts
+(:func:`~fast_parallel.compat.storage_use_count`), which it checks for the
+slots it holds each time a batch arrives, and only then clears the slot's
+shared flag. With ``pin_memory`` that is right after the pin thread's copy;
+on the CPU it is when the step and anything that kept a handle (an
+evaluator holding ground truth, a hook's ``x.detach().numpy()``) let go.
+A worker that finds no free slot never waits: it packs into fresh buffers,
+exactly as without the ring. So a slot is never written while anything can
+still read it, and the numbers the model sees are the same bytes either
+way.
 """
+import functools
 import os
-import weakref
 from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch.utils.data import get_worker_info
+
+from fast_parallel.compat import storage_use_count
 
 Sizes = Dict[torch.dtype, int]
 _Key = Tuple[int, int]  # (worker pid, slot id)
@@ -143,26 +148,59 @@ class SharedRing:
 # --------------------------------------------------------------------------
 # Main-process side
 # --------------------------------------------------------------------------
-#: Main process: the slot storages received so far, by (worker pid, slot):
-#: (generation, flag, storages).
-_RECEIVED_SLOTS: Dict[_Key, tuple] = {}
+#: Main process: the slot storages received so far, by (worker pid, slot).
+_RECEIVED_SLOTS: Dict[_Key, '_Received'] = {}
 #: Main-process counts: batches whose slot storages arrived (first use of a
-#: slot generation) and batches that arrived as a key into the received
-#: slots.
-RECEIVED_COUNTS = {'storages': 0, 'reused': 0}
+#: slot generation), batches that arrived as a key into the received
+#: slots, and slots handed back to their worker.
+RECEIVED_COUNTS = {'storages': 0, 'reused': 0, 'freed': 0}
 
 
-class _Lease:
-    """Clears a slot's flag when the last of its buffers is gone."""
+class _Received:
+    """A slot generation's storages in the main process, and its lease.
 
-    def __init__(self, flag: torch.Tensor, count: int) -> None:
+    While ``leased``, the slot's batch is out; the slot is handed back (its
+    shared flag cleared) once each storage's reference count is what one
+    tensor alone gives (:func:`_held_by_one`): the record's own.
+    """
+
+    __slots__ = ('generation', 'flag', 'storages', 'leased')
+
+    def __init__(self, generation: int, flag: torch.Tensor,
+                 storages: Dict[torch.dtype, torch.Tensor]) -> None:
+        self.generation = generation
         self.flag = flag
-        self.count = count
+        self.storages = storages
+        self.leased = False
 
-    def release_one(self) -> None:
-        self.count -= 1
-        if self.count == 0:
+    def release_if_unreachable(self) -> None:
+        if self.leased and all(
+                storage_use_count(t) == _held_by_one()
+                for t in self.storages.values()):
+            self.leased = False
             self.flag[0] = 0
+            RECEIVED_COUNTS['freed'] += 1
+
+
+@functools.lru_cache(maxsize=None)
+def _held_by_one() -> int:
+    """The reference count of a storage that one tensor alone holds.
+
+    Measured on a tensor of its own rather than on a slot as it arrives:
+    while a batch is being unpickled, the unpickler still holds the slot's
+    storage objects, which would make that count too high.
+    """
+    return storage_use_count(torch.empty(1))
+
+
+def release_unreachable_slots() -> None:
+    """Hands back every leased slot nothing in this process can reach.
+
+    Called as each ring-backed batch arrives; tests call it to see a slot
+    freed at once.
+    """
+    for record in list(_RECEIVED_SLOTS.values()):
+        record.release_if_unreachable()
 
 
 def _alive(pid: int) -> bool:
@@ -183,8 +221,8 @@ def receive(payload: tuple) -> Dict[torch.dtype, torch.Tensor]:
 
     Returns:
         dict: One fresh (non-view) tensor per dtype on the slot's storage;
-        the slot is released when all of them, and every view of them, are
-        gone.
+        the slot goes back to its worker at a later arrival, once nothing
+        shares its storages (:func:`release_unreachable_slots`).
     """
     pid, slot_id, generation, sizes, storages, flag = payload
     key = (pid, slot_id)
@@ -193,24 +231,23 @@ def receive(payload: tuple) -> Dict[torch.dtype, torch.Tensor]:
             # a new worker: drop the slots of workers that are gone
             for dead in [k for k in _RECEIVED_SLOTS if not _alive(k[0])]:
                 del _RECEIVED_SLOTS[dead]
-        _RECEIVED_SLOTS[key] = (generation, flag, storages)
+        _RECEIVED_SLOTS[key] = _Received(generation, flag, storages)
         RECEIVED_COUNTS['storages'] += 1
     else:
         RECEIVED_COUNTS['reused'] += 1
-    cached = _RECEIVED_SLOTS.get(key)
-    if cached is None or cached[0] != generation:
+    release_unreachable_slots()
+    record = _RECEIVED_SLOTS.get(key)
+    if record is None or record.generation != generation:
         raise RuntimeError(
             f'packed batch from worker {pid} refers to slot {slot_id} '
             f'generation {generation}, which this process never received')
-    _, flag, storages = cached
-    lease = _Lease(flag, len(sizes))
-    buffers = {}
-    for dt, n in sizes.items():
-        buf = torch.empty(
-            0, dtype=dt).set_(storages[dt].untyped_storage(), 0, (n, ))
-        weakref.finalize(buf, lease.release_one)
-        buffers[dt] = buf
-    return buffers
+    record.leased = True
+    return {
+        dt:
+        torch.empty(0, dtype=dt).set_(record.storages[dt].untyped_storage(), 0,
+                                      (n, ))
+        for dt, n in sizes.items()
+    }
 
 
 #: The ring ``packed_collate`` and ``PackedCollate`` use by default.

@@ -16,6 +16,7 @@ from mmengine.model import is_model_wrapper
 from mmengine.runner import Runner
 
 from fast_parallel.data.batch import PackedBatch
+from fast_parallel.data.handout import packed_batch_of
 
 #: Metainfo keys that name a sample, in the order they are looked for: the
 #: dataset's sample index (mmdet ``img_id``, mmdet3d ``sample_idx``), then
@@ -193,7 +194,7 @@ class ParityRecorderHook(Hook):
         """Keeps the batch's sample ids; counts the batches that arrive
         packed (the fast path at work)."""
         self.record['order'].append(batch_sample_ids(data_batch))
-        self.record['packed'] += isinstance(data_batch, PackedBatch)
+        self.record['packed'] += packed_batch_of(data_batch) is not None
 
     def after_train_iter(self,
                          runner: Runner,

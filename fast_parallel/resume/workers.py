@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from fast_parallel.compat import (iterator_base_seed, override_start,
                                   persistent_iterator, set_persistent_iterator,
                                   start_iterator, switched_hooks)
-from fast_parallel.data.batch import PackedBatch
+from fast_parallel.data.handout import packed_batch_of
 from fast_parallel.data.loader import FastDataLoader
 from fast_parallel.data.loader_state import loader_state
 from fast_parallel.random_states import set_random_states
@@ -81,7 +81,7 @@ class WorkerRecord:
         Args:
             runner (Runner): The runner.
             loader (DataLoader): The train DataLoader.
-            data_batch: The batch (a ``PackedBatch`` may carry states).
+            data_batch: The batch (a packed one may carry states).
         """
         it = persistent_iterator(loader)
         last = None if self._last_iterator is None else self._last_iterator()
@@ -96,9 +96,9 @@ class WorkerRecord:
                 self.states.clear()
             self._switched = switched
             self._last_iterator = None if it is None else weakref.ref(it)
-        if isinstance(data_batch, PackedBatch) and \
-                data_batch.worker_states is not None:
-            worker_id, states = data_batch.worker_states
+        packed = packed_batch_of(data_batch)
+        if packed is not None and packed.worker_states is not None:
+            worker_id, states = packed.worker_states
             self.states[worker_id] = states
 
     def entry(self, loader: DataLoader) -> dict:

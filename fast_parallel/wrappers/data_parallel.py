@@ -5,11 +5,13 @@ import torch
 from mmengine.optim import OptimWrapper
 from mmengine.registry import MODEL_WRAPPERS
 from torch import nn
-from torch.nn.parallel import parallel_apply, replicate
+from torch.nn.parallel import parallel_apply
 
 from fast_parallel.compat import preprocessor_device, run_forward
 from fast_parallel.data.batch import PackedBatch
+from fast_parallel.data.handout import take
 from fast_parallel.data.packing import pack
+from fast_parallel.wrappers.replicas import replicate_with_own_methods
 from fast_parallel.wrappers.scatter import (batch_size_of, chunk_sizes,
                                             gather_log_vars, split_batch)
 from fast_parallel.wrappers.transfer import TransferMixin
@@ -112,7 +114,8 @@ class FastDataParallel(TransferMixin, nn.Module):
             return self.module.train_step(data, optim_wrapper)
         chunks, sizes = self._scatter(data, 'train')
         with optim_wrapper.optim_context(self.module):
-            replicas = replicate(self.module, self.device_ids[:len(chunks)])
+            replicas = replicate_with_own_methods(
+                self.module, self.device_ids[:len(chunks)])
             per_chunk = parallel_apply([_LossStep(r) for r in replicas],
                                        [(c, ) for c in chunks],
                                        devices=self.device_ids[:len(chunks)])
@@ -149,7 +152,7 @@ class FastDataParallel(TransferMixin, nn.Module):
             data = self.move_batch(data, self.src_device, mode)
             return getattr(self.module, step)(data)
         chunks, _ = self._scatter(data, mode)
-        replicas = replicate(
+        replicas = replicate_with_own_methods(
             self.module, self.device_ids[:len(chunks)], detach=True)
         outputs = parallel_apply([getattr(r, step) for r in replicas],
                                  [(c, ) for c in chunks],
@@ -160,6 +163,7 @@ class FastDataParallel(TransferMixin, nn.Module):
         """Splits the batch by samples and sends chunk i to GPU i."""
         if isinstance(data, PackedBatch):
             data = data.unpack()
+        take(data)  # a handed-out batch: split as it is, its record dropped
         batch_size = batch_size_of(data)
         if not batch_size:
             raise ValueError('cannot split an empty batch across GPUs')

@@ -7,6 +7,7 @@ from mmengine.logging import MessageHub
 
 from fast_parallel.compat import message_hub_instances
 from fast_parallel.data.batch import PackedBatch
+from fast_parallel.data.handout import move_handed, take
 from fast_parallel.data.packing import stock_transfers
 
 
@@ -86,14 +87,20 @@ class TransferMixin:
         return self._stats()
 
     def move_batch(self, data: Any, device: torch.device, mode: str) -> Any:
-        """Moves a ``PackedBatch`` with one copy per buffer, then unpacks it.
+        """Moves a packed batch with one copy per buffer.
 
-        The copy is non-blocking where the batch says its buffers are
-        pinned (:attr:`PackedBatch.pinned`); nothing here asks the driver.
-        Anything else (e.g. plain ``pseudo_collate`` output) is returned
-        as is: the model's data_preprocessor moves it as stock would, and
-        the figures record what that will copy. A move to the device the
-        batch is on already (CPU training) copies nothing and records 0.
+        A batch a fast DataLoader handed out (stock's structure, CPU views
+        into packed buffers: :mod:`fast_parallel.data.handout`) is moved by
+        its buffers and rebuilt on ``device`` with the model's own
+        ``cast_data``, so whatever hooks changed in it before the step is
+        what the model sees, as on stock; a ``PackedBatch`` is moved and
+        unpacked. The copy is non-blocking where the batch says its buffers
+        are pinned (:attr:`PackedBatch.pinned`); nothing here asks the
+        driver. Anything else (e.g. plain ``pseudo_collate`` output) is
+        returned as is: the model's data_preprocessor moves it as stock
+        would, and the figures record what that will copy. A move to the
+        device the batch is on already (CPU training) copies nothing and
+        records 0.
 
         Args:
             data: The batch from the DataLoader.
@@ -104,25 +111,43 @@ class TransferMixin:
             The batch, unpacked (and on ``device`` if it was packed).
         """
         start = time.perf_counter()
-        if isinstance(data, PackedBatch):
-            # Known from how the batch was made (the pin thread, or
-            # ``pack(..., pin_memory=True)``): ``Tensor.is_pinned`` per
-            # buffer would be a driver query per batch.
-            pinned = device.type != 'cpu' and data.pinned
-            moved = data.to(device, non_blocking=pinned)
+        record = take(data)
+        if record is not None:
+            cast = getattr(
+                getattr(self.module, 'data_preprocessor', None), 'cast_data',
+                None)
+            if cast is None:  # no stock cast to follow: the stock way
+                copies, nbytes = _stock_figures(data, device)
+            else:
+                data, copies, nbytes = move_handed(
+                    record, device, _pinned(record.batch, device), cast)
+        elif isinstance(data, PackedBatch):
+            moved = data.to(device, non_blocking=_pinned(data, device))
             # Buffers' devices, not the requested one ('cuda' vs 'cuda:0').
             copies = moved.num_copies if _device_of(moved) != _device_of(
                 data) else 0
             nbytes = moved.nbytes if copies else 0
             data = moved.unpack()
-        elif device.type != 'cpu':
-            copies, nbytes = stock_transfers(data)
-        else:  # batches from the DataLoader are on the CPU already
-            copies, nbytes = 0, 0
+        else:
+            copies, nbytes = _stock_figures(data, device)
         self._stats().add(mode, time.perf_counter() - start, copies, nbytes)
         if mode == 'train':  # val/test scalars would read as metrics
             _publish(mode, self._stats().last[mode])
         return data
+
+
+def _pinned(batch: PackedBatch, device: torch.device) -> bool:
+    # Known from how the batch was made (the pin thread, or
+    # ``pack(..., pin_memory=True)``): ``Tensor.is_pinned`` per buffer would
+    # be a driver query per batch.
+    return device.type != 'cpu' and batch.pinned
+
+
+def _stock_figures(data: Any, device: torch.device) -> tuple:
+    """What stock's ``cast_data`` will copy of an unpacked batch."""
+    if device.type != 'cpu':
+        return stock_transfers(data)
+    return 0, 0  # batches from the DataLoader are on the CPU already
 
 
 def _device_of(batch: PackedBatch) -> Optional[torch.device]:
@@ -136,4 +161,6 @@ def _publish(mode: str, figures: Dict[str, float]) -> None:
         return
     hub = MessageHub.get_current_instance()
     for key, value in figures.items():
-        hub.update_scalar(f'{mode}/{key}', value)
+        # resumed=False: the plugin's figures stay out of checkpoints, so a
+        # stock run resumed from a fast one does not print stale values.
+        hub.update_scalar(f'{mode}/{key}', value, resumed=False)

@@ -43,8 +43,13 @@ def supported(head: Any) -> Optional[str]:
     why = assigner_reason(head.assigner) or sampler_reason(head.sampler)
     if why:
         return why
+    if getattr(head.sampler, 'add_gt_as_proposals', False):
+        # stock samples the ground truths with the anchors (G + N priors)
+        return 'RandomSampler with add_gt_as_proposals=True'
     if type(head.prior_generator) is not upstream('AnchorGenerator'):
         return 'prior_generator is not AnchorGenerator'
+    if getattr(head.prior_generator, 'use_box_type', False):
+        return 'AnchorGenerator with use_box_type=True (box-type anchors)'
     if not head.reg_decoded_bbox and type(
             head.bbox_coder) is not upstream('DeltaXYWHBBoxCoder'):
         return f'bbox_coder {type(head.bbox_coder).__name__} is not ' \
@@ -59,6 +64,21 @@ def supported(head: Any) -> Optional[str]:
     return None
 
 
+def _ignores_without_boxes(ignores: Optional[Sequence[Any]]) -> bool:
+    """Ignored instances without ``bboxes``: stock's ``MaxIoUAssigner``
+    reads them and raises, so the batch goes stock's way."""
+    return any(
+        i is not None and not hasattr(i, 'bboxes') for i in ignores or ())
+
+
+def _image_without_anchor(inside: Optional[Tensor]) -> bool:
+    """Whether an image has no anchor inside it (``allowed_border >= 0``):
+    stock's ``_get_targets_single`` raises its ``ValueError`` there, so the
+    batch goes stock's way and raises it. One host copy, only where
+    ``inside`` exists (mmdet's RetinaNet and RPN configs use -1)."""
+    return inside is not None and not bool(inside.any(1).all())
+
+
 def _targets(self: Any, featmap_sizes: list, device: torch.device,
              batch_gt_instances: Sequence[Any], batch_img_metas: List[dict],
              batch_gt_instances_ignore: Optional[Sequence[Any]]) -> tuple:
@@ -69,9 +89,13 @@ def _targets(self: Any, featmap_sizes: list, device: torch.device,
         mlvl_anchors = self.prior_generator.grid_priors(
             featmap_sizes, device=device)
         anchors = torch.cat(mlvl_anchors)
-        if batch_reason(self.assigner, anchors, batch_gt_instances) is None:
+        batched = batch_reason(self.assigner, anchors, batch_gt_instances) \
+            is None and not _ignores_without_boxes(batch_gt_instances_ignore)
+        if batched:
             inside = inside_flags(self, anchors, featmap_sizes,
                                   batch_img_metas)
+            batched = not _image_without_anchor(inside)
+        if batched:
             targets, results = anchor_head_targets(
                 self, anchors, inside, [a.shape[0] for a in mlvl_anchors],
                 batch_gt_instances)

@@ -164,6 +164,10 @@ def rtmdet_targets(head: Any,
         weights = torch.where(pos, 1.0 if pos_weight <= 0 else pos_weight, 1.0)
         if inside is not None:  # unmap: priors stock skipped get weight 0
             weights = weights.masked_fill(~inside, 0.)
+    fallback = [
+        bool(f) or stock_only for f, stock_only in zip(
+            fallback, _stock_only(batch_gt_instances, inside))
+    ]
     anchors_list = None
     for i in [i for i in range(num_imgs) if fallback[i]]:
         if anchors_list is None:
@@ -175,11 +179,31 @@ def rtmdet_targets(head: Any,
                                       torch.cat(valid_list[i]),
                                       batch_gt_instances[i],
                                       batch_img_metas[i], ignore[i])
-        if single[1] is None:  # no valid anchor: stock's get_targets
-            return None
+        if single[1] is None:  # no prior inside the image: stock's
+            # get_targets decides (mmdet 3.3.0 fails unpacking this case)
+            get_targets = type(head).get_targets
+            return get_targets(head, scores, boxes, anchors_list, valid_list,
+                               batch_gt_instances, list(batch_img_metas),
+                               batch_gt_instances_ignore)
         for out, value in zip((labels, weights, bbox_targets, metrics),
                               single[1:5]):
             out[i].copy_(value)
     return tuple(
         images_to_levels(t, [p.shape[0] for p in mlvl_priors])
         for t in (labels, weights, bbox_targets, metrics))
+
+
+def _stock_only(gts: Sequence[Any], inside: Optional[Tensor]) -> List[bool]:
+    """Per image, whether only stock's ``_get_targets_single`` gives its
+    targets: ground truths with ``masks`` (``DynamicSoftLabelAssigner``
+    then centres them by the masks' centre of mass), or no prior inside the
+    image (stock's ``get_targets`` then fails unpacking its per-image
+    results: :func:`rtmdet_targets` calls it). The second costs a host copy
+    of one flag per image, only where ``inside`` exists (``allowed_border
+    >= 0``; mmdet's RTMDet configs use -1).
+    """
+    stock_only = [hasattr(gt, 'masks') for gt in gts]
+    if inside is not None:
+        empty = (~inside.any(1)).tolist()
+        stock_only = [a or b for a, b in zip(stock_only, empty)]
+    return stock_only
