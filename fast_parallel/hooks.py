@@ -216,11 +216,14 @@ class FastParallelHook(Hook):
             return
         means = model.transfer_stats.pop_totals(mode)
         if means:
+            stock = means['stock_leaves']
             runner.logger.info(
                 f'fast_parallel {mode}: per batch transfer_time '
                 f'{means["transfer_time"] * 1e3:.3f} ms, copies '
                 f'{means["transfer_copies"]:.1f}, '
-                f'{means["transfer_mb"]:.2f} MB')
+                f'{means["transfer_mb"]:.2f} MB' +
+                (f'; {stock} tensors that hooks put into batches were '
+                 'moved stock\'s way, one copy each' if stock else ''))
 
     def after_train_epoch(self, runner) -> None:
         """Logs the epoch's mean transfer figures and target counts."""

@@ -150,9 +150,10 @@ def test_cuda_move_equals_stock_cast_data_with_one_copy_per_dtype():
     tree['data_samples'][2].set_metainfo({'flip': True})
     preprocessor = BaseDataPreprocessor().cuda()
     stock = preprocessor.cast_data(copy.deepcopy(tree))
-    out, copies, nbytes = move_handed(
+    out, copies, nbytes, stock = move_handed(
         take(tree), torch.device('cuda', torch.cuda.current_device()), True,
         preprocessor.cast_data)
     torch.cuda.synchronize()
     assert_same_tree(out, stock)
     assert copies == len(batch.buffers) and nbytes == batch.nbytes
+    assert stock == 0

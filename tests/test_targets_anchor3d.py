@@ -515,3 +515,35 @@ def test_half_outputs_are_batched_and_equal_stock(dtype):
         for name, grad in stock_grads.items():
             assert torch.equal(grad, fast_grads[name]), name
     assert (stats.samples, stats.stock) == (12, 0)
+
+
+@pytest.mark.parametrize('all_stock', [True, False])
+def test_nine_wide_boxes_when_samples_take_the_stock_path(all_stock):
+    # nuScenes-style anchors and boxes (velocity: 9 columns); samples sent
+    # the stock way sit in the batch as samples without gts, as wide as the
+    # anchors even where no sample is batched
+    from mmdet3d.structures import LiDARInstance3DBoxes
+    head = build_head(
+        CAR,
+        assigner=dict(ignore_iof_thr=0.5),  # ignore boxes: the stock way
+        anchor_generator=dict(
+            type='AlignedAnchor3DRangeGenerator',
+            ranges=[[0, -39.68, -1.78, 69.12, 39.68, -1.78]],
+            sizes=[[3.9, 1.6, 1.56]],
+            rotations=[0, 1.57],
+            custom_values=[0, 0],
+            reshape_out=True),
+        bbox_coder=dict(type='DeltaXYZWLHRBBoxCoder', code_size=9))
+    anchors = torch.cat(
+        head.prior_generator.grid_anchors([SMALL_MAP],
+                                          device='cpu')).reshape(-1, 9)[:, :7]
+    batch = make_batch(7, head, anchors, counts=[5, 3])
+    for sample in batch:
+        boxes = sample.bboxes_3d.tensor
+        sample.bboxes_3d = LiDARInstance3DBoxes(
+            torch.cat([boxes, torch.zeros(len(boxes), 2)], 1), box_dim=9)
+    none = InstanceData(bboxes_3d=torch.zeros(0, 9))
+    ignore = [none, copy.deepcopy(none) if all_stock else None]
+    ref, out, num_stock = run_both(head, batch, ignore=ignore)
+    assert num_stock == (2 if all_stock else 1)
+    assert_same(ref, out)

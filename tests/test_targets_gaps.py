@@ -201,3 +201,32 @@ def test_anchor_heads_without_an_anchor_inside_raise_as_stock(which, img):
     if img == 20:
         assert stock[0] == 'raised' and stock[1] is ValueError
     assert_same_outcome(stock, _outcome(fast, cls, box, gts, metas))
+
+
+@pytest.mark.parametrize('label', [5, -1, 1])
+@pytest.mark.parametrize('far', [False, True])
+def test_rtmdet_labels_out_of_range_raise_where_stock_one_hots(label, far):
+    # stock one-hots the labels of an image with a prior inside a ground
+    # truth (and raises for one outside [0, C)); an image without one never
+    # reads them
+    head = _build('rtmdet', num_classes=2)
+    fast, _ = _switched(head)
+    box = [[8., 8., 40., 40.]] if not far else [[300., 300., 340., 340.]]
+    gts = [
+        InstanceData(
+            bboxes=torch.tensor([[4., 4., 30., 30.]]),
+            labels=torch.tensor([0])),
+        InstanceData(bboxes=torch.tensor(box), labels=torch.tensor([label]))
+    ]
+    gen = torch.Generator().manual_seed(3)
+    cls = [
+        torch.randn(2, 2, 64 // s, 64 // s, generator=gen) for s in (8, 16, 32)
+    ]
+    boxes = [
+        torch.rand(2, 4, 64 // s, 64 // s, generator=gen) * 30 + 1
+        for s in (8, 16, 32)
+    ]
+    metas = [_meta(64, 64)] * 2
+    stock = _outcome(head, cls, boxes, gts, metas)
+    assert (stock[0] == 'raised') == (label != 1 and not far)
+    assert_same_outcome(stock, _outcome(fast, cls, boxes, gts, metas))

@@ -246,6 +246,14 @@ def test_handed_out_batch_moves_one_copy_per_buffer_with_stocks_cast():
     assert all(t.device.type == 'cpu' for t in tree['inputs'])  # unchanged
     last = wrapper.transfer_stats.last['train']
     assert last['transfer_copies'] == len(packed.buffers)
+    # a leaf a hook replaced: torch's own .to moves it, counted
+    tree = hand_out(batch())
+    tree['inputs'][1] = tree['inputs'][1].clone()
+    out = wrapper.move_batch(tree, device, 'train')
+    assert out['inputs'][1].device == device
+    stats = wrapper.transfer_stats
+    assert stats.last['train']['transfer_copies'] == len(packed.buffers) + 1
+    assert stats.pop_totals('train')['stock_leaves'] == 1
 
 
 def test_transfer_figures_stay_out_of_checkpoints():

@@ -14,7 +14,11 @@ from val_utils import iter_runner
 
 import fast_parallel
 
-SIX = {f'{w}_{s}_iter' for w in ('before', 'after') for s in ('train', 'val')}
+SIX = {
+    f'{w}_{s}_iter'
+    for w in ('before', 'after')
+    for s in ('train', 'val', 'test')
+}
 
 
 def _run(sample_data, work_dir, fast: bool) -> dict:
@@ -27,9 +31,11 @@ def _run(sample_data, work_dir, fast: bool) -> dict:
         hooks,
         max_iters=6,
         val_interval=1,
-        val_loader=dict(batch_size=1),  # 6 validations x 4 batches, 1 worker
-        metrics=[dict(type='KeepingMetric')])
+        val_loader=dict(batch_size=1),  # 4 batches, 1 worker
+        metrics=[dict(type='KeepingMetric')],
+        with_test=True)
     runner.train()
+    runner.test()
     batch = next(iter(runner.val_dataloader))  # by hand, after the run
     return dict(
         runner=runner,
@@ -57,7 +63,7 @@ def test_hooks_read_stocks_batch_in_every_iter_hook(arms):
 
 def test_evaluator_process_reads_stocks_batch(arms):
     stock, fast = arms['stock'], arms['fast']
-    assert len(stock['process']) == 24
+    assert len(stock['process']) == 28  # 6 validations, a test: 4 each
     assert not [r for r in stock['process'] if r.startswith('raised')]
     assert fast['process'] == stock['process']
 

@@ -99,6 +99,9 @@ class UserBatchReader(Hook):
     def after_val_epoch(self, runner, metrics=None) -> None:
         self.metrics.append(dict(metrics or {}))
 
+    def after_test_epoch(self, runner, metrics=None) -> None:
+        self.metrics.append(dict(metrics or {}))
+
     def _read(self, where: str, batch_idx: int, data_batch: Any) -> None:
         self.reads.append([where, batch_idx, read(data_batch)])
 
@@ -163,8 +166,9 @@ def run_arm(config: str,
             fast: bool,
             val_workers: int = 2) -> dict:
     """Trains a sample config two epochs (validating after each, 2 train
-    and ``val_workers`` persistent val workers, val batches of 1) with the
-    reader hook and the keeping metric; returns what they saw."""
+    and ``val_workers`` persistent val workers, val batches of 1), then
+    tests, with the reader hook and the keeping metric; returns what they
+    saw."""
     from pathlib import Path
 
     from runner_utils import sample_config
@@ -182,12 +186,14 @@ def run_arm(config: str,
     if isinstance(evaluators, dict):
         evaluators = [evaluators]
     cfg.val_evaluator = list(evaluators) + [dict(type='KeepingMetric')]
+    cfg.test_evaluator = cfg.val_evaluator
     cfg.custom_hooks = list(cfg.get('custom_hooks',
                                     [])) + [dict(type='UserBatchReader')]
     cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=-1)
     KeepingMetric.reads, KeepingMetric.kept = [], []
     runner = build_runner(cfg)
     runner.train()
+    runner.test()
     reader = next(h for h in runner.hooks if isinstance(h, UserBatchReader))
     last = reader.metrics[-1]
     return dict(
@@ -195,7 +201,7 @@ def run_arm(config: str,
         process=KeepingMetric.reads,
         changed=last['user/changed'],
         kept=last['user/kept'],
-        validations=len(reader.metrics))
+        evaluations=len(reader.metrics))
 
 
 if __name__ == '__main__':

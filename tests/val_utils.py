@@ -91,7 +91,8 @@ def iter_runner(data: Path,
                 checkpoint: Optional[dict] = None,
                 train_loader: Optional[dict] = None,
                 val_loader: Optional[dict] = None,
-                metrics: Optional[List[dict]] = None) -> Runner:
+                metrics: Optional[List[dict]] = None,
+                with_test: bool = False) -> Runner:
     """An ``IterBasedTrainLoop`` run validating every ``val_interval``.
 
     Args:
@@ -110,6 +111,8 @@ def iter_runner(data: Path,
             config (one worker). Defaults to None.
         metrics (list[dict], optional): Metrics evaluated after
             ``CocoMetric``. Defaults to None.
+        with_test (bool): Also a test loop, as the val loop. Defaults to
+            False.
 
     Returns:
         Runner: Not run yet.
@@ -121,6 +124,10 @@ def iter_runner(data: Path,
             ann_file=str(
                 data / 'coco' / 'annotations' / 'instances_val2017.json'))
     ] + list(metrics or [])
+    val_loader = {**coco_loader(data, 1), **(val_loader or {})}
+    test = dict(
+        test_dataloader=val_loader, test_cfg=dict(),
+        test_evaluator=evaluator) if with_test else {}
     return Runner(
         model=BoxEcho(),
         work_dir=str(work_dir),
@@ -130,10 +137,7 @@ def iter_runner(data: Path,
             type='IterBasedTrainLoop',
             max_iters=max_iters,
             val_interval=val_interval),
-        val_dataloader={
-            **coco_loader(data, 1),
-            **(val_loader or {})
-        },
+        val_dataloader=val_loader,
         val_cfg=dict(),
         val_evaluator=evaluator,
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
@@ -142,7 +146,8 @@ def iter_runner(data: Path,
         log_processor=dict(by_epoch=False),
         custom_hooks=hooks,
         randomness=dict(seed=0),
-        default_scope='mmdet')
+        default_scope='mmdet',
+        **test)
 
 
 def log_text(work_dir: Path) -> str:

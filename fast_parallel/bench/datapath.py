@@ -123,9 +123,9 @@ def data_path_times(path: str,
         start = time.perf_counter()
         batch = next(it)
         if path == 'fast':  # what the wrappers do with a handed-out batch
-            data, _, _ = move_handed(
+            data = move_handed(
                 take(batch), device, device.type == 'cuda',
-                preprocessor.cast_data)
+                preprocessor.cast_data)[0]
         else:
             data = preprocessor.cast_data(batch)
         _sync(device)

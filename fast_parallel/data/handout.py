@@ -104,7 +104,7 @@ def take(data: Any) -> Optional[Handed]:
 
 
 def move_handed(record: Handed, device: torch.device, non_blocking: bool,
-                cast: Callable[[Any], Any]) -> Tuple[Any, int, int]:
+                cast: Callable[[Any], Any]) -> Tuple[Any, int, int, int]:
     """Moves a handed-out batch: one copy per buffer, stock's structure.
 
     Args:
@@ -114,20 +114,21 @@ def move_handed(record: Handed, device: torch.device, non_blocking: bool,
         cast (callable): The model's ``data_preprocessor.cast_data``.
 
     Returns:
-        tuple: ``(batch, copies, bytes)``: on the buffers' own device the
-        structure as it is (stock's ``Tensor.to`` returns such leaves
-        themselves); else ``cast`` of it with the moved leaves, and the
-        copies and bytes made, leaves moved the stock way included.
+        tuple: ``(batch, copies, bytes, stock_copies)``: on the buffers' own
+        device the structure as it is (stock's ``Tensor.to`` returns such
+        leaves themselves); else ``cast`` of it with the moved leaves, the
+        copies and bytes made, and how many of those copies were leaves
+        that user code had replaced, moved the stock way.
     """
     batch = record.batch
     moved = batch.to(device, non_blocking=non_blocking)
     if not moved.buffers or _device_of(moved) == _device_of(batch):
-        return record.tree, 0, 0
+        return record.tree, 0, 0, 0
     twins = DeviceTwins(record, moved)
     with twins:
         data = cast(record.tree)
     return (data, moved.num_copies + twins.stock_copies,
-            moved.nbytes + twins.stock_bytes)
+            moved.nbytes + twins.stock_bytes, twins.stock_copies)
 
 
 def _device_of(batch: PackedBatch) -> torch.device:

@@ -20,7 +20,7 @@ from mmengine.registry import HOOKS
 from mmengine.runner import Runner
 
 from fast_parallel.config import disable, enable
-from fast_parallel.data.batch import PackedBatch
+from fast_parallel.data.handout import packed_batch_of
 from fast_parallel.parity.recorder import (ParityRecorderHook, ema_state,
                                            params_checksum, tree_checksum)
 from fast_parallel.parity.report import ORDER_ROW, compare, verdict
@@ -46,10 +46,11 @@ class PerturbFirstBatchHook(Hook):
         """Changes the first batch in place."""
         if batch_idx != 0 or getattr(runner, 'iter', 0) != 0:
             return
-        if isinstance(data_batch, PackedBatch):
-            buffer = data_batch.buffers.get(torch.float32)
+        packed = packed_batch_of(data_batch)
+        if packed is not None:  # the batch's leaves view these buffers
+            buffer = packed.buffers.get(torch.float32)
             if buffer is None:
-                buffer = next(b for b in data_batch.buffers.values())
+                buffer = next(b for b in packed.buffers.values())
             buffer.view(-1)[0] += 1
             return
         tensor = _first_float(data_batch)

@@ -18,11 +18,16 @@ class TransferStats:
         last (dict): The latest batch's figures, per mode.
         totals (dict): Summed figures and batch counts, per mode, since the
             last ``pop_totals``.
+        stock_leaves (dict): Per mode, leaves moved stock's way since the
+            last ``pop_totals`` (replaced by user code before the step).
     """
 
     def __init__(self) -> None:
         self.last: Dict[str, Dict[str, float]] = {}
         self.totals: Dict[str, Dict[str, float]] = {}
+        #: Per mode: leaves of handed-out batches that user code replaced
+        #: before the step, moved stock's way (copies included above).
+        self.stock_leaves: Dict[str, int] = {}
 
     def add(self, mode: str, seconds: float, copies: int, nbytes: int) -> None:
         """Records one batch.
@@ -56,7 +61,9 @@ class TransferStats:
         if not total:
             return None
         n = total.pop('batches')
-        return {key: value / n for key, value in total.items()}
+        means = {key: value / n for key, value in total.items()}
+        means['stock_leaves'] = self.stock_leaves.pop(mode, 0)
+        return means
 
 
 class TransferMixin:
@@ -119,8 +126,11 @@ class TransferMixin:
             if cast is None:  # no stock cast to follow: the stock way
                 copies, nbytes = _stock_figures(data, device)
             else:
-                data, copies, nbytes = move_handed(
+                data, copies, nbytes, stock = move_handed(
                     record, device, _pinned(record.batch, device), cast)
+                if stock:
+                    stats = self._stats().stock_leaves
+                    stats[mode] = stats.get(mode, 0) + stock
         elif isinstance(data, PackedBatch):
             moved = data.to(device, non_blocking=_pinned(data, device))
             # Buffers' devices, not the requested one ('cuda' vs 'cuda:0').

@@ -10,7 +10,7 @@ otherwise (ties at the top-k boundary, equal minima, a sum too close to an
 integer, too few valid priors). Why each step is exact:
 ``docs/targets_yolox.md``.
 """
-from typing import List, NamedTuple, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -92,7 +92,8 @@ def match(pairs: Pairs,
           inf_is_bad: bool,
           few_pairs: int,
           few_valid_stock: bool = True,
-          min_tie_stock: bool = True) -> Assignment:
+          min_tie_stock: bool = True,
+          stock_images: Optional[Tensor] = None) -> Assignment:
     """Dynamic-k matching of every image, from the costs of its pairs.
 
     Args:
@@ -121,12 +122,17 @@ def match(pairs: Pairs,
             padded row (real ground truths first, in stock's order, then
             infinite padding) gives as stock's does; defaults to True all
             the same (SimOTA, as it was first checked).
+        stock_images (Tensor, optional): ``(B,)`` bool: images the caller
+            sends the stock way, learnt on the host with the flags here (no
+            sync of their own). Defaults to None.
 
     Returns:
         Assignment: Positives, their ground truths and IoUs, fallbacks.
     """
     num_imgs = ious.shape[0]
     cost, bad = _cost_grid(pairs, pair_cost, ious.shape, inf_is_bad)
+    if stock_images is not None:
+        bad = bad + stock_images.long()
     dynamic_ks, near_int = _dynamic_k(pairs, ious, gt_mask, candidate_topk)
     matching, edge_tie = _cheapest(pairs, cost, dynamic_ks, gt_mask,
                                    candidate_topk, inf_is_bad)

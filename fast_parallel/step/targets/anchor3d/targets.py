@@ -266,7 +266,8 @@ def anchor_target_3d_batched(
     boxes, labels = [], []
     for i, instances in enumerate(batch_gt_instances_3d):
         if i in stock:  # in the batch as a sample without gts
-            boxes.append(anchors.new_zeros((0, max(widths, default=7))))
+            boxes.append(
+                anchors.new_zeros((0, max(widths, default=anchors.size(-1)))))
             labels.append(instances.labels_3d[:0])
             continue
         if not isinstance(head.bbox_assigner, list) and len(gts[i]) > 0:

@@ -105,4 +105,9 @@ def assign(assigner: Any, priors: Tensor, scores: Tensor, boxes: Tensor,
         inf_is_bad=False,
         few_pairs=few_pairs,
         few_valid_stock=False,
-        min_tie_stock=False)
+        min_tie_stock=False,
+        # a label outside [0, C) where stock one-hots it (an image with a
+        # valid prior): stock's one_hot raises there, so stock's way
+        stock_images=(((labels < 0) |
+                       (labels >= num_classes)) & gt_mask).any(-1)
+        & valid.any(-1))
