@@ -20,6 +20,7 @@ from mmengine.runner import Runner
 
 import fast_parallel  # noqa: F401  (registers FastParallelHook)
 from fast_parallel import PackedBatch
+from fast_parallel.data.handout import packed_batch_of
 from fast_parallel.data.rebuild import started_iterators
 from fast_parallel.resume.hook import random_states
 
@@ -68,11 +69,12 @@ class BatchRecorder(Hook):
                           batch_idx: int,
                           data_batch=None) -> None:
         self.states.append(states_digest())
-        if isinstance(data_batch, PackedBatch):
+        packed = packed_batch_of(data_batch)  # also behind a handed-out one
+        if packed is not None:
             self.packed += 1
-            self.with_worker_states += data_batch.worker_states is not None
+            self.with_worker_states += packed.worker_states is not None
+        if isinstance(data_batch, PackedBatch):
             data_batch = data_batch.unpack()
-        # Packed leaves are views into reused buffers: keep a copy.
         self.batches.append(copy.deepcopy(data_batch))
 
 
