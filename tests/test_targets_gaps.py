@@ -230,3 +230,26 @@ def test_rtmdet_labels_out_of_range_raise_where_stock_one_hots(label, far):
     stock = _outcome(head, cls, boxes, gts, metas)
     assert (stock[0] == 'raised') == (label != 1 and not far)
     assert_same_outcome(stock, _outcome(fast, cls, boxes, gts, metas))
+
+
+@pytest.mark.parametrize('which', ['rtmdet', 'retina', 'rpn'])
+def test_metas_without_img_shape_raise_as_stock(which):
+    head = _build(which)
+    fast, _ = _switched(head)
+    gts = [
+        InstanceData(
+            bboxes=torch.tensor([[2., 2., 18., 18.]]),
+            labels=torch.tensor([0]))
+    ]
+    if which == 'rtmdet':
+        strides, channels = (8, 16, 32), (1, 4)
+    else:
+        strides = [s[0] for s in head.prior_generator.strides]
+        channels = (head.num_base_priors * head.cls_out_channels,
+                    head.num_base_priors * 4)
+    cls = _levels(strides, 64, channels[0], 0.)
+    box = _levels(strides, 64, channels[1], 1.)
+    metas = [dict(pad_shape=(64, 64), batch_input_shape=(64, 64))]
+    stock = _outcome(head, cls, box, gts, metas)
+    assert stock[0] == 'raised' and stock[1] is KeyError
+    assert_same_outcome(stock, _outcome(fast, cls, box, gts, metas))

@@ -90,7 +90,8 @@ def _targets(self: Any, featmap_sizes: list, device: torch.device,
             featmap_sizes, device=device)
         anchors = torch.cat(mlvl_anchors)
         batched = batch_reason(self.assigner, anchors, batch_gt_instances) \
-            is None and not _ignores_without_boxes(batch_gt_instances_ignore)
+            is None and not _ignores_without_boxes(batch_gt_instances_ignore) \
+            and all('img_shape' in meta for meta in batch_img_metas)
         if batched:
             inside = inside_flags(self, anchors, featmap_sizes,
                                   batch_img_metas)

@@ -166,7 +166,7 @@ def rtmdet_targets(head: Any,
             weights = weights.masked_fill(~inside, 0.)
     fallback = [
         bool(f) or stock_only for f, stock_only in zip(
-            fallback, _stock_only(batch_gt_instances, inside))
+            fallback, _stock_only(batch_gt_instances, batch_img_metas, inside))
     ]
     anchors_list = None
     for i in [i for i in range(num_imgs) if fallback[i]]:
@@ -193,7 +193,8 @@ def rtmdet_targets(head: Any,
         for t in (labels, weights, bbox_targets, metrics))
 
 
-def _stock_only(gts: Sequence[Any], inside: Optional[Tensor]) -> List[bool]:
+def _stock_only(gts: Sequence[Any], metas: Sequence[dict],
+                inside: Optional[Tensor]) -> List[bool]:
     """Per image, whether only stock's ``_get_targets_single`` gives its
     targets: ground truths with ``masks`` (``DynamicSoftLabelAssigner``
     then centres them by the masks' centre of mass), or no prior inside the
@@ -202,7 +203,11 @@ def _stock_only(gts: Sequence[Any], inside: Optional[Tensor]) -> List[bool]:
     of one flag per image, only where ``inside`` exists (``allowed_border
     >= 0``; mmdet's RTMDet configs use -1).
     """
-    stock_only = [hasattr(gt, 'masks') for gt in gts]
+    # (stock also reads every image's img_shape: without one, it raises)
+    stock_only = [
+        hasattr(gt, 'masks') or 'img_shape' not in meta
+        for gt, meta in zip(gts, metas)
+    ]
     if inside is not None:
         empty = (~inside.any(1)).tolist()
         stock_only = [a or b for a, b in zip(stock_only, empty)]
