@@ -196,12 +196,36 @@ def run_arm(config: str,
     runner.test()
     reader = next(h for h in runner.hooks if isinstance(h, UserBatchReader))
     last = reader.metrics[-1]
+    from fast_parallel.data.ring import RECEIVED_COUNTS
     return dict(
+        memory=_memory_kb(),
+        ring=dict(RECEIVED_COUNTS),
         reads=reader.reads,
         process=KeepingMetric.reads,
         changed=last['user/changed'],
         kept=last['user/kept'],
         evaluations=len(reader.metrics))
+
+
+def _memory_kb() -> dict:
+    """This process's resident and shared-memory resident kB, and the
+    shared-memory file descriptors it holds (torch's tensor segments)."""
+    import os
+    out = {}
+    with open('/proc/self/status') as f:
+        for line in f:
+            key = line.split(':')[0]
+            if key in ('VmRSS', 'RssShmem', 'RssAnon'):
+                out[key] = int(line.split()[1])
+    fds = 0
+    for fd in os.listdir('/proc/self/fd'):
+        try:
+            fds += 'torch_' in os.readlink(f'/proc/self/fd/{fd}') or \
+                '/dev/shm' in os.readlink(f'/proc/self/fd/{fd}')
+        except OSError:
+            pass
+    out['shm_fds'] = fds
+    return out
 
 
 if __name__ == '__main__':
