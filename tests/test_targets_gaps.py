@@ -33,14 +33,8 @@ def _mmdet_scope():
 
 
 def _build(which: str, num_classes: int = 1, **train) -> torch.nn.Module:
-    if which == 'rtmdet':
-        model = get_config(RTMDET).model
-        cfg = dict(
-            model.bbox_head,
-            num_classes=num_classes,
-            train_cfg=model.train_cfg)
-    elif which == 'retina':
-        model = get_config(RETINA).model
+    if which in ('rtmdet', 'retina'):
+        model = get_config(RTMDET if which == 'rtmdet' else RETINA).model
         cfg = dict(
             model.bbox_head,
             num_classes=num_classes,
