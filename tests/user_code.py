@@ -126,9 +126,10 @@ for _stage in STAGES:
 @METRICS.register_module()
 class KeepingMetric(BaseMetric):
     """Digests ``data_batch`` in ``process`` and keeps each sample's gt
-    boxes as ``.detach()``, ``.detach().numpy()`` and ``torch.from_numpy``
-    of it, beside clones; ``compute_metrics`` counts the kept tensors that
-    changed since."""
+    boxes (or, where no sample has any, the batch's point clouds) as
+    ``.detach()``, ``.detach().numpy()`` and ``torch.from_numpy`` of it,
+    beside clones; ``compute_metrics`` counts the kept tensors that changed
+    since."""
 
     default_prefix = 'user'
     reads: List[str] = []
@@ -136,13 +137,18 @@ class KeepingMetric(BaseMetric):
 
     def process(self, data_batch: Any, data_samples: list) -> None:
         KeepingMetric.reads.append(read(data_batch))
-        sources = list(data_samples)
+        sources, points = list(data_samples), []
         try:
             sources += list(data_batch['data_samples'])
+            inputs = data_batch['inputs']
+            points = inputs.get('points', []) if isinstance(inputs,
+                                                            dict) else []
         except TypeError:
             pass
-        for sample in sources:
-            boxes = kept(sample)
+        # a sample without gt boxes (3D val sets): keep its points instead
+        tensors = [kept(sample) for sample in sources]
+        tensors += [p for p in points if all(t is None for t in tensors)]
+        for boxes in tensors:
             if boxes is None:
                 continue
             clone = boxes.clone()
