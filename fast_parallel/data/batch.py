@@ -95,6 +95,11 @@ class PackedBatch:
         return sum(b.numel() * b.element_size() for b in self.buffers.values())
 
     @property
+    def buffer_device(self) -> Optional[torch.device]:
+        """torch.device | None: Where the buffers are (None: no buffers)."""
+        return _device_of(self.buffers)
+
+    @property
     def num_leaves(self) -> int:
         """int: Distinct tensor leaves carried in the buffers."""
         return len(self.layout)

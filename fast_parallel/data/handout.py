@@ -122,17 +122,13 @@ def move_handed(record: Handed, device: torch.device, non_blocking: bool,
     """
     batch = record.batch
     moved = batch.to(device, non_blocking=non_blocking)
-    if not moved.buffers or _device_of(moved) == _device_of(batch):
+    if not moved.buffers or moved.buffer_device == batch.buffer_device:
         return record.tree, 0, 0, 0
     twins = DeviceTwins(record, moved)
     with twins:
         data = cast(record.tree)
     return (data, moved.num_copies + twins.stock_copies,
             moved.nbytes + twins.stock_bytes, twins.stock_copies)
-
-
-def _device_of(batch: PackedBatch) -> torch.device:
-    return next(iter(batch.buffers.values())).device
 
 
 class DeviceTwins(TorchFunctionMode):
@@ -153,7 +149,7 @@ class DeviceTwins(TorchFunctionMode):
         self.slots = {id(leaf): i for i, leaf in enumerate(record.leaves)}
         self.record = record
         self.moved = moved
-        self.device = _device_of(moved)
+        self.device = moved.buffer_device
         self.stock_copies = 0
         self.stock_bytes = 0
 

@@ -134,8 +134,8 @@ class TransferMixin:
         elif isinstance(data, PackedBatch):
             moved = data.to(device, non_blocking=_pinned(data, device))
             # Buffers' devices, not the requested one ('cuda' vs 'cuda:0').
-            copies = moved.num_copies if _device_of(moved) != _device_of(
-                data) else 0
+            copies = moved.num_copies \
+                if moved.buffer_device != data.buffer_device else 0
             nbytes = moved.nbytes if copies else 0
             data = moved.unpack()
         else:
@@ -158,12 +158,6 @@ def _stock_figures(data: Any, device: torch.device) -> tuple:
     if device.type != 'cpu':
         return stock_transfers(data)
     return 0, 0  # batches from the DataLoader are on the CPU already
-
-
-def _device_of(batch: PackedBatch) -> Optional[torch.device]:
-    for buf in batch.buffers.values():
-        return buf.device
-    return None
 
 
 def _publish(mode: str, figures: Dict[str, float]) -> None:
