@@ -10,11 +10,12 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from fast_parallel.compat import (LOADER_CONFIGS, check_runner, loader_config,
-                                  runner_loop)
+                                  runner_loop, started_iterators)
 from fast_parallel.data.collate import packed_config_hint
 from fast_parallel.data.loader import accelerator_available
 from fast_parallel.data.rebuild import install_fast_path, sampler_names
 from fast_parallel.outcome import Outcome
+from fast_parallel.pipeline import switch_pipeline
 from fast_parallel.step.foreach_ema import fuse_ema
 from fast_parallel.step.fused_optim import fuse_optim_wrapper
 from fast_parallel.step.targets.switch import switch_targets
@@ -60,6 +61,10 @@ class FastParallelHook(Hook):
             for the whole batch at once. Defaults to True.
         fast_voxelize (bool): Hard-voxelise the whole batch in one pass in
             mmdet3d's data preprocessor. Defaults to True.
+        fast_pipeline (bool): Give the train dataset's covered transforms
+            (and ``MultiImageMixDataset``) their fast forms, with stock's
+            bytes and random draws, before its workers start
+            (:mod:`fast_parallel.pipeline`). Defaults to True.
         priority (int | str): Hook priority. Defaults to 'VERY_HIGH', so
             the wrapper is in place before other hooks look at the model.
     """
@@ -73,6 +78,7 @@ class FastParallelHook(Hook):
                  foreach_ema: bool = True,
                  fast_targets: bool = True,
                  fast_voxelize: bool = True,
+                 fast_pipeline: bool = True,
                  priority: Union[int, str] = 'VERY_HIGH') -> None:
         self.device_ids = list(device_ids) if device_ids else None
         self.pin_memory = pin_memory
@@ -80,6 +86,10 @@ class FastParallelHook(Hook):
         self.foreach_ema = foreach_ema
         self.fast_targets = fast_targets
         self.fast_voxelize = fast_voxelize
+        self.fast_pipeline = fast_pipeline
+        #: What the pipeline switch did (an Outcome), once ``before_run``
+        #: ran.
+        self.pipeline = None
         #: The counters of the heads switched to batched targets.
         self.target_stats: list = []
         self.priority = priority
@@ -110,7 +120,20 @@ class FastParallelHook(Hook):
             loader = getattr(loop, 'dataloader', None) if isinstance(
                 loop, BaseLoop) else None
             if isinstance(loader, DataLoader):
+                if kind == 'train':
+                    # before the loader may be rebuilt and its workers
+                    # started again on the same dataset object
+                    started = bool(started_iterators(loop, loader))
+                    self.pipeline = switch_pipeline(loader.dataset,
+                                                    self.fast_pipeline)
                 self.loaders[kind] = self._install(runner, kind, loop, pin)
+                if kind == 'train' and started and \
+                        loop.dataloader is loader and self.pipeline.done:
+                    self.pipeline = Outcome(
+                        'pipeline',
+                        True,
+                        text=f'{self.pipeline} (from the next start of the '
+                        'workers, which started before this hook)')
 
     def before_train(self, runner) -> None:
         """Fuses the optimizer step and the EMA updates, switches covered
@@ -140,6 +163,8 @@ class FastParallelHook(Hook):
         targets, self.target_stats = switch_targets(runner.model,
                                                     self.fast_targets)
         outcomes.append(targets)
+        if self.pipeline is not None:
+            outcomes.append(self.pipeline)
         if not self.fuse_optimizer:
             outcomes.append(
                 Outcome('optimizer', False, 'fuse_optimizer=False'))

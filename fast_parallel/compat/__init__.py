@@ -14,7 +14,9 @@ from fast_parallel.compat.core import (CHECKED_ON, ITEM_OP, CompatError,
                                        missing_internal_error, private)
 from fast_parallel.compat.mmdet import (STATEFUL_MODULE_ATTRS,
                                         SWITCH_ONCE_HOOKS, YOLOX_HEAD_METHODS,
-                                        switched_hooks, yolox_bbox_decode,
+                                        hsv_gains, mix_skip_type_keys,
+                                        mosaic_combine, switched_hooks,
+                                        yolox_bbox_decode,
                                         yolox_targets_single)
 from fast_parallel.compat.mmengine import (ELEMENT_FIELD_SETS, LOADER_CONFIGS,
                                            check_runner, counts_iterations,
@@ -52,6 +54,7 @@ __all__ = [
     'CHECKED_ON', 'CompatError', 'ITEM_OP', 'ELEMENT_FIELD_SETS',
     'LOADER_CONFIGS', 'NUMPY_PICKLE_MODULES', 'STATEFUL_MODULE_ATTRS',
     'SWITCH_ONCE_HOOKS', 'YOLOX_HEAD_METHODS', 'base_iterator_class',
+    'hsv_gains', 'mix_skip_type_keys', 'mosaic_combine',
     'check_dataloader_internals', 'check_runner', 'counts_iterations',
     'data_element_fields', 'dataloader_class', 'decide_val_interval',
     'dispatch_mode_class', 'fast_iterator_classes',

@@ -63,3 +63,22 @@ def switched_hooks(hooks: Any) -> set:
                 'exact resume (whether the hook switched the pipeline)'):
             done.add(name)
     return done
+
+
+def mix_skip_type_keys(dataset: Any) -> Any:
+    """``MultiImageMixDataset._skip_type_keys``: the transform types
+    ``YOLOXModeSwitchHook`` switched off (None: none)."""
+    return private(dataset, '_skip_type_keys', 'mmdet',
+                   'the fast MultiImageMixDataset')
+
+
+def mosaic_combine(transform: Any) -> Any:
+    """``Mosaic._mosaic_combine``: where a patch is pasted and cropped."""
+    return private(transform, '_mosaic_combine', 'mmdet', 'the fast Mosaic')
+
+
+def hsv_gains(transform: Any) -> Any:
+    """``YOLOXHSVRandomAug._get_hsv_gains``: the sample's random gains
+    (stock's draws)."""
+    return private(transform, '_get_hsv_gains', 'mmdet',
+                   'the fast YOLOXHSVRandomAug')

@@ -1,0 +1,208 @@
+"""``--pipeline`` of ``tools/benchmark.py``: worker CPU per sample, stock
+against fast, and a bytes check of every sample.
+
+Both arms build the config's train dataset; the fast one gets
+:func:`~fast_parallel.pipeline.switch_pipeline`. Samples alternate between
+the arms in this one process, under the threads a DataLoader worker has
+(torch 1, OpenCV 0), each arm starting from the same random states; each
+output and the random states after it must be equal. Times are this
+thread's CPU time, per transform and in all; rounds of samples give the
+spread of the ratio.
+"""
+import copy
+import random
+import statistics
+import time
+from typing import Any, Dict, List, Optional
+
+import cv2
+import numpy as np
+import torch
+
+__all__ = ['compare_pipelines', 'first_difference']
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    flat = t.detach().clone(memory_format=torch.contiguous_format).reshape(-1)
+    return flat.view(torch.uint8) if flat.numel() else flat
+
+
+def first_difference(a: Any, b: Any, path: str = 'sample') -> Optional[str]:
+    """Where two samples differ (type, dtype, shape, bytes, keys), or None.
+
+    Args:
+        a: A stock sample (or a part of it).
+        b: The fast one.
+        path (str): The name of this part, for the answer.
+
+    Returns:
+        str | None: The first differing path and how, or None when equal.
+    """
+    from mmengine.structures import BaseDataElement
+    if type(a) is not type(b):
+        return f'{path}: {type(a).__name__} vs {type(b).__name__}'
+    if isinstance(a, torch.Tensor):
+        layout = (a.dtype, a.shape, a.stride())
+        if layout != (b.dtype, b.shape, b.stride()) or \
+                not torch.equal(_bits(a), _bits(b)):
+            return f'{path}: tensors differ'
+        return None
+    if isinstance(a, np.ndarray):
+        if a.dtype != b.dtype or a.shape != b.shape or \
+                a.tobytes() != b.tobytes():
+            return f'{path}: arrays differ'
+        return None
+    if isinstance(a, BaseDataElement):
+        return first_difference(
+            dict(a.metainfo_items()), dict(b.metainfo_items()),
+            f'{path}.metainfo') or first_difference(
+                dict(a.items()), dict(b.items()), path)
+    if hasattr(a, 'tensor') and hasattr(a, 'box_dim'):  # mmdet boxes
+        return first_difference(a.tensor, b.tensor, f'{path}.tensor')
+    if isinstance(a, dict):
+        if list(a) != list(b):
+            return f'{path}: keys {list(a)} vs {list(b)}'
+        for key in a:
+            found = first_difference(a[key], b[key], f'{path}.{key}')
+            if found:
+                return found
+        return None
+    if isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            return f'{path}: lengths {len(a)} vs {len(b)}'
+        for i, (x, y) in enumerate(zip(a, b)):
+            found = first_difference(x, y, f'{path}[{i}]')
+            if found:
+                return found
+        return None
+    same = a == b
+    if isinstance(same, bool) and (same or (a != a and b != b)):
+        return None
+    return f'{path}: {a!r} vs {b!r}'
+
+
+def _states() -> tuple:
+    return (np.random.get_state(), random.getstate(),
+            torch.random.get_rng_state())
+
+
+def _set_states(states: tuple) -> None:
+    np.random.set_state(states[0])
+    random.setstate(states[1])
+    torch.random.set_rng_state(states[2])
+
+
+def _same_states(a: tuple, b: tuple) -> bool:
+    return (a[0][0] == b[0][0] and np.array_equal(a[0][1], b[0][1])
+            and a[0][2:] == b[0][2:] and a[1] == b[1]
+            and torch.equal(a[2], b[2]))
+
+
+def _transforms(dataset: Any) -> List[Any]:
+    from fast_parallel.pipeline.switch import _pipelines
+    return [t for _, transforms in _pipelines(dataset) for t in transforms]
+
+
+def _time_transforms(dataset: Any, spent: Dict[str, float]) -> None:
+    """Times each transform instance's ``transform`` into ``spent``."""
+    for t in _transforms(dataset):
+        name = type(t).__name__.replace('Fast', '', 1) \
+            if type(t).__module__.startswith('fast_parallel') \
+            else type(t).__name__
+        inner = t.transform
+
+        def timed(results, _inner=inner, _name=name):
+            start = time.thread_time()
+            try:
+                return _inner(results)
+            finally:
+                spent[_name] = spent.get(_name, 0.0) + time.thread_time() - \
+                    start
+
+        t.transform = timed
+
+
+def compare_pipelines(cfg: Any,
+                      samples: int = 200,
+                      seed: int = 0,
+                      rounds: int = 10) -> dict:
+    """Stock and fast train pipelines of ``cfg``, sample by sample.
+
+    Args:
+        cfg (Config): A config (its ``train_dataloader.dataset``).
+        samples (int): Samples per arm. Defaults to 200.
+        seed (int): Seed of the first sample's random states. Defaults to 0.
+        rounds (int): Rounds the samples are split into for the spread.
+            Defaults to 10.
+
+    Returns:
+        dict: ``stock_ms``, ``fast_ms`` (CPU per sample), ``ratio``,
+        ``spread`` (min, median, max of the rounds' ratios), ``samples``,
+        ``equal`` (samples whose outputs and random states matched),
+        ``first_difference``, ``switch`` (the start line's words),
+        ``by_transform`` (ms per sample by transform, per arm) and
+        ``counts`` (:data:`fast_parallel.pipeline.COUNTS`).
+    """
+    from mmengine.registry import DATASETS, init_default_scope
+
+    from fast_parallel.pipeline import COUNTS, switch_pipeline
+    init_default_scope(cfg.get('default_scope', 'mmdet'))
+    torch.set_num_threads(1)
+    cv2.setNumThreads(0)
+    arms = {
+        name: DATASETS.build(copy.deepcopy(cfg.train_dataloader.dataset))
+        for name in ('stock', 'fast')
+    }
+    switch = str(switch_pipeline(arms['fast']))
+    spent: Dict[str, Dict[str, float]] = {'stock': {}, 'fast': {}}
+    for name, dataset in arms.items():
+        _time_transforms(dataset, spent[name])
+    total = {'stock': [], 'fast': []}
+    equal, difference = 0, None
+    COUNTS.clear()
+    np.random.seed(seed)
+    random.seed(seed)
+    torch.manual_seed(seed)
+    for i in range(samples):
+        start_states = _states()
+        order = ('stock', 'fast') if i % 2 == 0 else ('fast', 'stock')
+        out = {}
+        for name in order:
+            _set_states(start_states)
+            start = time.thread_time()
+            sample = arms[name][i % len(arms[name])]
+            total[name].append(time.thread_time() - start)
+            out[name] = (sample, _states())
+        found = first_difference(out['stock'][0], out['fast'][0])
+        if found is None and not _same_states(out['stock'][1], out['fast'][1]):
+            found = 'random states after the sample'
+        if found is None:
+            equal += 1
+        elif difference is None:
+            difference = f'sample {i}: {found}'
+        _set_states(out['stock'][1])
+    size = max(1, samples // rounds)
+    ratios = [
+        sum(total['fast'][k:k + size]) / sum(total['stock'][k:k + size])
+        for k in range(0, samples, size)
+    ]
+    stock_s, fast_s = sum(total['stock']), sum(total['fast'])
+    return dict(
+        stock_ms=stock_s / samples * 1e3,
+        fast_ms=fast_s / samples * 1e3,
+        ratio=fast_s / stock_s,
+        spread=[min(ratios),
+                statistics.median(ratios),
+                max(ratios)],
+        samples=samples,
+        equal=equal,
+        first_difference=difference,
+        switch=switch,
+        by_transform={
+            arm: {
+                k: v / samples * 1e3
+                for k, v in spent[arm].items()
+            }
+            for arm in spent
+        },
+        counts=dict(COUNTS))

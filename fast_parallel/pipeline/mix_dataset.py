@@ -1,0 +1,150 @@
+"""``FastMultiImageMixDataset``: stock's mixing wrapper without the copies
+that change nothing.
+
+The class is put on the built dataset instance by
+:func:`~fast_parallel.pipeline.switch.switch_pipeline`; an instance whose
+wrapped dataset's items are not provably fresh keeps stock's
+``__getitem__``. Per sample it does what stock does, in the same order, with
+the same random draws: it only leaves out the deep copies of new objects and
+of the results handed to a transform that cannot return None, and it hands
+``MixUp`` the sample its ``get_indexes`` already loaded when loading it drew
+nothing. Why each is exact: ``docs/pipeline.md``.
+"""
+import collections.abc
+import copy
+import inspect
+from typing import Any, Optional
+
+from mmdet.datasets import MultiImageMixDataset
+
+from fast_parallel.compat import mix_skip_type_keys
+from fast_parallel.pipeline.copies import (RandomStates, _box_types,
+                                           as_deepcopied)
+from fast_parallel.pipeline.stats import COUNTS
+
+__all__ = ['FastMultiImageMixDataset', 'never_none', 'retries_alike']
+
+
+def never_none(transform: Any) -> bool:
+    """Whether ``transform`` is of a class whose ``transform`` always
+    returns its results (read in mmdet 3.3.0 / mmcv 2.1.0), so that stock's
+    retry copy is never used."""
+    from fast_parallel.pipeline.switch import NEVER_NONE
+    return type(transform).__name__ in NEVER_NONE and \
+        type(transform).__module__.startswith(('mmdet.', 'mmcv.',
+                                               'fast_parallel.'))
+
+
+def retries_alike(transform: Any) -> bool:
+    """Whether ``transform`` returns None only without a random draw and
+    without touching its input, so that every one of stock's retries would
+    give None again (``FilterAnnotations``, read in mmdet 3.3.0)."""
+    from fast_parallel.pipeline.switch import RETRIES_ALIKE
+    return type(transform).__name__ in RETRIES_ALIKE and \
+        type(transform).__module__.startswith('mmdet.')
+
+
+class _LoadProbe:
+    """The wrapped dataset as ``MixUp.get_indexes`` sees it, remembering the
+    last sample it loaded and whether loading it drew any random number."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self.last: Optional[tuple] = None
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        before = RandomStates()
+        item = self.dataset[index]
+        clean = before.same_as(RandomStates())
+        self.last = (index, item) if clean else None
+        return item
+
+    def take(self, index: int) -> Any:
+        """The sample at ``index``: the one already loaded, or a new load."""
+        last, self.last = self.last, None
+        if last is not None and last[0] == index:
+            COUNTS['mix loads reused'] += 1
+            return last[1]
+        return self.dataset[index]
+
+
+def _probes(transform: Any) -> bool:
+    from mmdet.datasets.transforms import MixUp
+    return inspect.getattr_static(type(transform), 'get_indexes',
+                                  None) is MixUp.__dict__['get_indexes']
+
+
+class FastMultiImageMixDataset(MultiImageMixDataset):
+    """``MultiImageMixDataset`` with stock's samples and draws, fewer copies.
+
+    ``_fp_fresh`` (set by the switch) is True when the wrapped dataset's
+    items are new objects made without random draws; otherwise every item
+    takes stock's ``__getitem__``.
+    """
+
+    _fp_fresh = False
+
+    def __getitem__(self, idx: int) -> Any:
+        if not self._fp_fresh:
+            return super().__getitem__(idx)
+        boxes = _box_types()
+        plain: dict = {}  # containers found plain, for this sample
+        results = as_deepcopied(self.dataset[idx], boxes, plain)
+        skip = mix_skip_type_keys(self)
+        for transform, transform_type in zip(self.pipeline,
+                                             self.pipeline_types):
+            if skip is not None and transform_type in skip:
+                continue
+            if hasattr(transform, 'get_indexes'):
+                results['mix_results'] = self._mix_results(
+                    transform, boxes, plain)
+            if never_none(transform) or retries_alike(transform):
+                updated = transform(as_deepcopied(results, boxes, plain))
+                if updated is None and never_none(transform):
+                    raise RuntimeError(
+                        f'{type(transform).__name__} returned None, which '
+                        'mmdet 3.3.0 never does: fast_parallel cannot '
+                        'retry it as stock would (set '
+                        'FastParallelHook(fast_pipeline=False)).')
+                if updated is None:  # each of stock's retries gives None
+                    raise RuntimeError(
+                        'The training pipeline of the dataset wrapper'
+                        ' always return None.Please check the correctness '
+                        'of the dataset and its pipeline.')
+                results = updated
+            else:
+                COUNTS[f'stock copy: {transform_type}'] += 1
+                results = self._stock_retry(transform, results)
+            if 'mix_results' in results:
+                results.pop('mix_results')
+        COUNTS['samples'] += 1
+        return results
+
+    def _mix_results(self, transform: Any, boxes: tuple, plain: dict) -> list:
+        for _ in range(self.max_refetch):
+            probe = _LoadProbe(self.dataset) if _probes(transform) else None
+            indexes = transform.get_indexes(probe or self.dataset)
+            if not isinstance(indexes, collections.abc.Sequence):
+                indexes = [indexes]
+            mix_results = [
+                as_deepcopied(
+                    probe.take(index) if probe else self.dataset[index], boxes,
+                    plain) for index in indexes
+            ]
+            if None not in mix_results:
+                return mix_results
+        raise RuntimeError('The loading pipeline of the original dataset'
+                           ' always return None. Please check the correctness '
+                           'of the dataset and its pipeline.')
+
+    def _stock_retry(self, transform: Any, results: dict) -> dict:
+        for _ in range(self.max_refetch):
+            updated_results = transform(copy.deepcopy(results))
+            if updated_results is not None:
+                return updated_results
+        raise RuntimeError('The training pipeline of the dataset wrapper'
+                           ' always return None.Please check the correctness '
+                           'of the dataset and its pipeline.')

@@ -1,0 +1,120 @@
+"""Which transforms have fast forms (:data:`SWAPS`), and the switch.
+
+:func:`switch_pipeline` walks the train dataset (through mmengine's and
+mmdet's dataset wrappers), gives each transform instance of a covered class
+its fast class and a ``MultiImageMixDataset`` whose wrapped items are fresh
+the fast wrapper, on those instances only. Everything else stays stock, and
+the start line names it with the reason.
+"""
+from typing import Any, Dict, Iterator, List, Tuple
+
+from fast_parallel.outcome import Outcome
+from fast_parallel.pipeline.colour import FastYOLOXHSVRandomAug
+from fast_parallel.pipeline.copies import fresh_results_why
+from fast_parallel.pipeline.mix_dataset import FastMultiImageMixDataset
+from fast_parallel.pipeline.mixes import FastMixUp, FastMosaic
+
+__all__ = [
+    'NEVER_NONE', 'RETRIES_ALIKE', 'STAYS_STOCK', 'SWAPS', 'switch_pipeline'
+]
+
+#: Stock transform class (exact, by name) -> its fast form.
+SWAPS: Dict[str, type] = {
+    'Mosaic': FastMosaic,
+    'MixUp': FastMixUp,
+    'YOLOXHSVRandomAug': FastYOLOXHSVRandomAug,
+}
+
+#: Transforms left stock on purpose, and why (the start line says it).
+STAYS_STOCK: Dict[str, str] = {
+    'RandomAffine': 'no exact faster form',
+}
+
+#: Transform classes whose ``transform`` returns its results in every case
+#: (read in mmdet 3.3.0 / mmcv 2.1.0), and their fast forms: the mixing
+#: wrapper hands them its results without stock's retry copy.
+NEVER_NONE = frozenset({
+    'Mosaic', 'MixUp', 'RandomAffine', 'YOLOXHSVRandomAug', 'RandomFlip',
+    'Resize', 'Pad', 'PackDetInputs', 'FastMosaic', 'FastMixUp',
+    'FastYOLOXHSVRandomAug'
+})
+
+#: Transform classes that return None only before touching their input and
+#: without a random draw (read in mmdet 3.3.0): stock's retries of one
+#: would all give None, so the wrapper raises stock's error at once.
+RETRIES_ALIKE = frozenset({'FilterAnnotations'})
+
+
+def _pipelines(dataset: Any) -> Iterator[Tuple[Any, List[Any]]]:
+    """(dataset, its transform list) for ``dataset`` and what it wraps."""
+    from mmdet.datasets import MultiImageMixDataset
+    if isinstance(dataset, MultiImageMixDataset):
+        yield dataset, dataset.pipeline
+    else:
+        transforms = getattr(
+            getattr(dataset, 'pipeline', None), 'transforms', None)
+        if isinstance(transforms, list):
+            yield dataset, transforms
+    inner = getattr(dataset, 'datasets', None)
+    for child in inner if isinstance(inner, (list, tuple)) else ():
+        yield from _pipelines(child)
+    child = getattr(dataset, 'dataset', None)
+    if child is not None and child is not dataset:
+        yield from _pipelines(child)
+
+
+def _switch_mixer(dataset: Any, stock: Dict[str, str]) -> bool:
+    from mmdet.datasets import MultiImageMixDataset
+    if type(dataset) is FastMultiImageMixDataset:
+        return True
+    if type(dataset) is not MultiImageMixDataset:
+        return False
+    why = fresh_results_why(dataset.dataset)
+    if why is not None:
+        stock['MultiImageMixDataset'] = f'copies kept: {why}'
+        return False
+    dataset.__class__ = FastMultiImageMixDataset
+    dataset._fp_fresh = True
+    return True
+
+
+def switch_pipeline(dataset: Any, enabled: bool = True) -> Outcome:
+    """Gives the covered transforms of ``dataset`` their fast forms.
+
+    Args:
+        dataset: The train DataLoader's dataset, before its workers start.
+        enabled (bool): ``FastParallelHook(fast_pipeline=...)``.
+
+    Returns:
+        Outcome: ``pipeline``; its text e.g. ``pipeline: Mosaic, MixUp,
+        YOLOXHSVRandomAug, MultiImageMixDataset fast; RandomAffine stock (no
+        exact faster form)``.
+    """
+    if not enabled:
+        return Outcome('pipeline', False, 'fast_pipeline=False')
+    fast: List[str] = []
+    stock: Dict[str, str] = {}
+    for holder, transforms in _pipelines(dataset):
+        if _switch_mixer(holder, stock):
+            fast.append('MultiImageMixDataset')
+        for transform in transforms:
+            cls = type(transform)
+            if cls in SWAPS.values():
+                fast.append(cls.__base__.__name__)
+            elif cls.__name__ in SWAPS and \
+                    SWAPS[cls.__name__].__base__ is cls:
+                transform.__class__ = SWAPS[cls.__name__]
+                fast.append(cls.__name__)
+            elif cls.__name__ in STAYS_STOCK:
+                stock[cls.__name__] = STAYS_STOCK[cls.__name__]
+    names = list(dict.fromkeys(fast))
+    left = '; '.join(f'{name} stock ({why})' for name, why in stock.items())
+    if not names:
+        return Outcome(
+            'pipeline',
+            False,
+            'no transform with a fast form',
+            text='pipeline: stock (no transform with a fast form' +
+            (f'; {left})' if left else ')'))
+    text = f'pipeline: {", ".join(names)} fast' + (f'; {left}' if left else '')
+    return Outcome('pipeline', True, text=text)

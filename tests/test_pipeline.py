@@ -1,0 +1,433 @@
+"""The fast transforms give stock's bytes and consume stock's draws.
+
+Property tests at the transform level (many drawn inputs, no dataset), then
+the mixing wrapper on real COCO files (the sample set and images of every
+kind users have), then the switch. Tests mirror
+``fast_parallel/pipeline/``.
+"""
+import copy
+import json
+import random
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from mmdet.datasets.transforms import (MixUp, Mosaic, RandomAffine,
+                                       YOLOXHSVRandomAug)
+from mmdet.structures.bbox import HorizontalBoxes
+from mmdet.utils import register_all_modules
+
+from fast_parallel.bench.pipeline import first_difference
+from fast_parallel.bench.presets import load_preset
+from fast_parallel.pipeline import COUNTS, switch_pipeline
+from fast_parallel.pipeline.colour import FastYOLOXHSVRandomAug
+from fast_parallel.pipeline.copies import as_deepcopied
+from fast_parallel.pipeline.mix_dataset import FastMultiImageMixDataset
+from fast_parallel.pipeline.mixes import FastMixUp, FastMosaic
+
+register_all_modules()
+
+
+def _states():
+    return (np.random.get_state(), random.getstate(),
+            torch.random.get_rng_state())
+
+
+def _set(states):
+    np.random.set_state(states[0])
+    random.setstate(states[1])
+    torch.random.set_rng_state(states[2])
+
+
+def _same_states(a, b):
+    return (np.array_equal(a[0][1], b[0][1]) and a[0][2:] == b[0][2:]
+            and a[1] == b[1] and torch.equal(a[2], b[2]))
+
+
+def _run_both(stock, fast, results):
+    """Each transform on its own deep copy of ``results``, from the same
+    random states: (stock's output or error, fast's, states equal)."""
+    start = _states()
+    outs = []
+    for transform in (stock, fast):
+        _set(start)
+        try:
+            outs.append(('ok', transform(copy.deepcopy(results))))
+        except Exception as error:  # stock's error must be fast's
+            outs.append(('raised', f'{type(error).__name__}: {error}'))
+        outs[-1] += (_states(), )
+    return outs[0], outs[1]
+
+
+def assert_same_run(stock, fast, results):
+    (s_kind, s_out, s_states), (f_kind, f_out,
+                                f_states) = _run_both(stock, fast, results)
+    assert (s_kind, f_kind) in (('ok', 'ok'), ('raised', 'raised')), \
+        (s_kind, s_out if s_kind == 'raised' else f_out)
+    if s_kind == 'raised':
+        assert s_out == f_out
+    else:
+        assert first_difference(s_out, f_out) is None, \
+            first_difference(s_out, f_out)
+    assert _same_states(s_states, f_states)
+
+
+def _image(rng, h, w, channels=3, dtype=np.uint8):
+    shape = (h, w) if channels is None else (h, w, channels)
+    if dtype == np.uint8:
+        return rng.integers(0, 256, shape, dtype=np.uint8)
+    return (rng.random(shape) * 255).astype(dtype)
+
+
+def _boxes(rng, n, h, w, as_numpy=False):
+    # some boxes reach outside the image, some are degenerate
+    x1 = rng.uniform(-0.2 * w, 1.1 * w, n)
+    y1 = rng.uniform(-0.2 * h, 1.1 * h, n)
+    bw = rng.choice([0.0, 1.0, 5.0, 0.4 * w], n)
+    bh = rng.choice([0.0, 1.0, 5.0, 0.4 * h], n)
+    boxes = np.stack([x1, y1, x1 + bw, y1 + bh], 1).astype(np.float32)
+    return boxes if as_numpy else HorizontalBoxes(boxes)
+
+
+def _results(rng, h, w, n, channels=3, dtype=np.uint8, as_numpy=False):
+    return dict(
+        img=_image(rng, h, w, channels, dtype),
+        img_shape=(h, w),
+        gt_bboxes=_boxes(rng, n, h, w, as_numpy),
+        gt_bboxes_labels=rng.integers(0, 80, n).astype(np.int64),
+        gt_ignore_flags=rng.random(n) < 0.2)
+
+
+SIZES = [(1, 1), (7, 3), (33, 65), (120, 160), (480, 640), (640, 480),
+         (300, 300)]
+
+
+def test_as_deepcopied_hands_over_what_a_deep_copy_would():
+    base = np.arange(2 * 5 * 6 * 3, dtype=np.uint8).reshape(2, 5, 6, 3)
+    read_only = np.ones((4, 4), np.float32)
+    read_only.flags.writeable = False
+    flipped = base[0][:, ::-1]
+    leaves = dict(
+        owned=np.zeros((3, 4), np.int64),
+        flipped=flipped,
+        fortran=np.asfortranarray(base[1, :, :, 0]),
+        crop=base[1, 1:3, 2:5],
+        same_base=base[0, 2:],
+        read_only=read_only,
+        objects=np.array([{
+            'a': 1
+        }, None], dtype=object),
+        scalar=np.float32(2.5),
+        zero_d=np.array(3.0),
+        empty=np.zeros((0, 4), np.float32))
+    value = dict(
+        leaves,
+        nested=[dict(poly=[[1.0, 2.0, 3.0]], arr=base[1, 0]), (flipped, 4)],
+        boxes=HorizontalBoxes(torch.zeros(2, 4)),
+        tensor=torch.arange(6).view(2, 3).t(),
+        text='x')
+    copied = copy.deepcopy(value)
+    handed = as_deepcopied(value)
+
+    def arrays(tree, path=''):
+        if isinstance(tree, np.ndarray):
+            yield path, tree
+        elif isinstance(tree, dict):
+            for k, v in tree.items():
+                yield from arrays(v, f'{path}.{k}')
+        elif isinstance(tree, (list, tuple)):
+            for i, v in enumerate(tree):
+                yield from arrays(v, f'{path}[{i}]')
+
+    ours, theirs = dict(arrays(handed)), dict(arrays(copied))
+    assert ours.keys() == theirs.keys()
+    for path, a in ours.items():
+        b = theirs[path]
+        assert (a.dtype, a.shape, a.strides) == (b.dtype, b.shape,
+                                                 b.strides), path
+        assert a.flags.writeable == b.flags.writeable, path
+        if a.dtype.hasobject:
+            assert a is not value['objects'] and a[0] == b[0]
+        else:
+            assert a.tobytes() == b.tobytes(), path
+    # no two handed-over arrays share memory where the deep copy's do not
+    paths = [p for p in ours if not ours[p].dtype.hasobject]
+    for i, p in enumerate(paths):
+        for q in paths[i + 1:]:
+            assert np.shares_memory(ours[p], ours[q]) == np.shares_memory(
+                theirs[p], theirs[q]), (p, q)
+    assert first_difference(handed['tensor'], copied['tensor']) is None
+    assert first_difference(handed['boxes'], copied['boxes']) is None
+    assert handed['nested'][0]['poly'] == copied['nested'][0]['poly']
+
+
+def test_first_difference_sees_every_kind_of_difference():
+    nan = torch.tensor([float('nan')])
+    payload = nan.clone()
+    payload.view(torch.int32)[0] = 0x7fc00abc
+    assert first_difference(nan, nan.clone()) is None
+    assert first_difference(nan, payload) is not None
+    assert first_difference(torch.zeros(2, 3), torch.zeros(3, 2).t())
+    assert first_difference(torch.zeros(2), torch.zeros(2, dtype=torch.int))
+    assert first_difference(np.zeros(2), np.zeros(2, np.float32))
+    assert first_difference(dict(a=1, b=2), dict(b=2, a=1))
+    assert first_difference([np.zeros(1)], [np.ones(1)]) == \
+        'sample[0]: arrays differ'
+
+
+@pytest.mark.parametrize('seed', range(6))
+def test_fast_mixup_gives_stock_bytes_and_draws(seed):
+    rng = np.random.default_rng(seed)
+    np.random.seed(seed)
+    cases = 0
+    for h, w in SIZES:
+        for rh, rw in random.Random(seed * 100 + h).sample(SIZES, 3):
+            options = dict(
+                img_scale=tuple(int(v) for v in rng.choice([64, 160, 640], 2)),
+                ratio_range=(0.5, 1.6) if rng.random() < 0.5 else (0.8, 1.6),
+                flip_ratio=float(rng.choice([0.0, 0.5, 1.0])),
+                pad_val=[114.0, 114, 0, 255.0, 114.5][cases % 5],
+                bbox_clip_border=bool(rng.random() < 0.7))
+            stock = MixUp(**options)
+            fast = copy.deepcopy(stock)
+            fast.__class__ = FastMixUp
+            n = int(rng.choice([0, 1, 3, 12]))
+            as_numpy = bool(rng.random() < 0.3)
+            results = _results(rng, h, w, n, as_numpy=as_numpy)
+            mix_n = int(rng.choice([0, 2, 9]))
+            results['mix_results'] = [
+                _results(rng, rh, rw, mix_n, as_numpy=as_numpy)
+            ]
+            assert_same_run(stock, fast, results)
+            cases += 1
+    assert cases == len(SIZES) * 3
+
+
+@pytest.mark.parametrize('kind', ['gray', 'float32', 'uint16', 'rgba'])
+def test_fast_mixup_sends_other_images_the_stock_way(kind):
+    rng = np.random.default_rng(1)
+    channels, dtype = dict(
+        gray=(None, np.uint8),
+        float32=(3, np.float32),
+        uint16=(3, np.uint16),
+        rgba=(4, np.uint8))[kind]
+    stock = MixUp(img_scale=(64, 64))
+    fast = copy.deepcopy(stock)
+    fast.__class__ = FastMixUp
+    COUNTS.clear()
+    for _ in range(4):
+        results = _results(rng, 50, 70, 4, channels, dtype)
+        results['mix_results'] = [_results(rng, 40, 30, 3, channels, dtype)]
+        assert_same_run(stock, fast, results)
+    assert sum(v for k, v in COUNTS.items()
+               if k.startswith('stock: MixUp')) == 4
+
+
+@pytest.mark.parametrize('seed', range(4))
+def test_fast_mosaic_gives_stock_bytes_and_draws(seed):
+    rng = np.random.default_rng(seed)
+    np.random.seed(seed)
+    for case in range(12):
+        stock = Mosaic(
+            img_scale=tuple(int(v) for v in rng.choice([32, 160, 640], 2)),
+            center_ratio_range=(0.5, 1.5),
+            bbox_clip_border=bool(case % 3),
+            pad_val=[114.0, 0, 7.5][case % 3],
+            prob=[1.0, 0.5][case % 2])
+        fast = copy.deepcopy(stock)
+        fast.__class__ = FastMosaic
+        channels = None if case % 4 == 3 else 3
+        dtype = np.float32 if case % 5 == 4 else np.uint8
+        as_numpy = case % 6 == 5
+        sizes = random.Random(case).sample(SIZES, 4)
+        patches = [
+            _results(rng, h, w, int(rng.choice([0, 2, 7])), channels, dtype,
+                     as_numpy) for h, w in sizes
+        ]
+        results = patches[0]
+        results['mix_results'] = patches[1:]
+        assert_same_run(stock, fast, results)
+
+
+def test_fast_hsv_gives_stock_bytes_and_draws():
+    rng = np.random.default_rng(3)
+    np.random.seed(3)
+    every_value = np.arange(256 * 3, dtype=np.int64).reshape(16, 16, 3) % 256
+    images = [every_value.astype(np.uint8)] + [
+        _image(rng, h, w) for h, w in SIZES
+    ] + [_image(rng, 20, 10, None),
+         _image(rng, 9, 9, 3, np.float32)]
+    for deltas in [(5, 30, 30), (0, 0, 0), (90, 255, 255), (179, 1, 300)]:
+        stock = YOLOXHSVRandomAug(*deltas)
+        fast = copy.deepcopy(stock)
+        fast.__class__ = FastYOLOXHSVRandomAug
+        for image in images:
+            for _ in range(3):
+                assert_same_run(stock, fast, dict(img=image.copy()))
+
+
+# -- the mixing wrapper, on real files ----------------------------------
+
+
+def _train_dataset_cfg(data, ann_file=None, color_type='color'):
+    cfg = load_preset('yolox_s', data).train_dataloader.dataset
+    cfg = copy.deepcopy(cfg)
+    if ann_file is not None:
+        cfg.dataset.ann_file = ann_file
+        cfg.dataset.filter_cfg = dict(filter_empty_gt=False, min_size=0)
+    cfg.dataset.pipeline[0]['color_type'] = color_type
+    return cfg
+
+
+def _compare_datasets(cfg, samples, skip=None, seed=0):
+    from mmdet.registry import DATASETS
+    stock = DATASETS.build(copy.deepcopy(cfg))
+    fast = DATASETS.build(copy.deepcopy(cfg))
+    outcome = switch_pipeline(fast)
+    assert type(fast) is FastMultiImageMixDataset
+    for dataset in (stock, fast) if skip else ():
+        dataset.update_skip_type_keys(skip)
+    np.random.seed(seed)
+    random.seed(seed)
+    torch.manual_seed(seed)
+    COUNTS.clear()
+    for i in range(samples):
+        (s_kind, s_out, s_states), (f_kind, f_out, f_states) = _run_both(
+            lambda r, i=i: stock[i % len(stock)],
+            lambda r, i=i: fast[i % len(fast)],
+            None)
+        assert s_kind == f_kind, (i, s_out, f_out)
+        if s_kind == 'raised':
+            assert s_out == f_out
+        else:
+            assert first_difference(
+                s_out, f_out) is None, (i, first_difference(s_out, f_out))
+        assert _same_states(s_states, f_states), i
+        _set(s_states)
+    return outcome
+
+
+@pytest.mark.parametrize('skip', [None, ['Mosaic', 'RandomAffine', 'MixUp']])
+def test_mix_dataset_gives_stock_samples_and_draws(sample_data, skip):
+    outcome = _compare_datasets(_train_dataset_cfg(sample_data), 40, skip)
+    assert str(outcome).startswith(
+        'pipeline: MultiImageMixDataset, Mosaic, MixUp, YOLOXHSVRandomAug '
+        'fast; RandomAffine stock (no exact faster form)')
+    assert COUNTS['samples'] == 40
+    # MixUp's sample was loaded once, not twice, unless switched off
+    assert COUNTS['mix loads reused'] == (0 if skip else 40)
+
+
+def test_mix_dataset_where_most_images_have_no_boxes(sample_data, tmp_path):
+    """MixUp's get_indexes loads until it finds boxes (its retry), and mixes
+    an image without boxes as stock does (returns early)."""
+    with open(sample_data / 'coco/annotations/instances_train2017.json') as f:
+        coco = json.load(f)
+    keep = {image['id'] for image in coco['images'][::4]}
+    coco['annotations'] = [
+        a for a in coco['annotations'] if a['image_id'] in keep
+    ]
+    ann = tmp_path / 'sparse.json'
+    ann.write_text(json.dumps(coco))
+    _compare_datasets(_train_dataset_cfg(sample_data, str(ann)), 40)
+    assert COUNTS['mix loads reused'] == 40
+
+
+def _write_kinds(folder, rng):
+    """Image files of every kind users have, as (file name, w, h)."""
+    made = []
+
+    def write(name, array, params=()):
+        assert cv2.imwrite(str(folder / name), array, list(params))
+        made.append((name, array.shape[1], array.shape[0]))
+
+    write('gray.png', _image(rng, 90, 120, None))
+    write('rgba.png', _image(rng, 80, 60, 4))
+    write('deep.png', (rng.integers(0, 65536, (70, 50, 3))).astype(np.uint16))
+    write('tiny.png', _image(rng, 1, 1))
+    write('big.jpg', cv2.resize(_image(rng, 300, 400), (4000, 3000)),
+          (cv2.IMWRITE_JPEG_QUALITY, 80))
+    write('plain.jpg', _image(rng, 100, 150))
+    # a JPEG whose EXIF says "rotate 90": decoders that honour it swap w, h
+    ok, jpg = cv2.imencode('.jpg', _image(rng, 40, 100))
+    tiff = bytes.fromhex('4D4D002A00000008'
+                         '0001'
+                         '0112'
+                         '0003'
+                         '00000001'
+                         '00060000'
+                         '00000000')
+    body = b'Exif\x00\x00' + tiff
+    exif = b'\xff\xe1' + (len(body) + 2).to_bytes(2, 'big') + body
+    (folder / 'rotated.jpg').write_bytes(jpg[:2].tobytes() + exif +
+                                         jpg[2:].tobytes())
+    made.append(('rotated.jpg', 100, 40))
+    return made
+
+
+@pytest.mark.parametrize('color_type', ['color', 'unchanged'])
+def test_mix_dataset_on_every_kind_of_image(tmp_path, color_type):
+    rng = np.random.default_rng(0)
+    root = tmp_path / 'coco'
+    (root / 'train2017').mkdir(parents=True)
+    (root / 'annotations').mkdir()
+    made = _write_kinds(root / 'train2017', rng)
+    images, annotations = [], []
+    for i, (name, w, h) in enumerate(made):
+        images.append(dict(id=i, file_name=name, width=w, height=h))
+        for k in range(i % 3 + 1):
+            annotations.append(
+                dict(
+                    id=len(annotations),
+                    image_id=i,
+                    category_id=1,
+                    bbox=[k * w / 4, k * h / 5, w / 2 + 1, h / 3 + 1],
+                    area=w * h / 6,
+                    iscrowd=0))
+    coco = dict(
+        images=images,
+        annotations=annotations,
+        categories=[dict(id=1, name='person')])
+    ann = root / 'annotations' / 'instances_train2017.json'
+    ann.write_text(json.dumps(coco))
+    cfg = _train_dataset_cfg(tmp_path, str(ann), color_type)
+    cfg.dataset.data_root = str(root) + '/'
+    _compare_datasets(cfg, 24)
+
+
+# -- the switch ------------------------------------------------------------
+
+
+def test_switch_names_what_stays_stock_and_keeps_subclasses(sample_data):
+    from mmdet.registry import DATASETS
+    cfg = _train_dataset_cfg(sample_data)
+    off = DATASETS.build(copy.deepcopy(cfg))
+    assert str(switch_pipeline(off, enabled=False)) == \
+        'pipeline: left stock (fast_pipeline=False)'
+    assert not any(
+        type(t).__module__.startswith('fast_parallel') for t in off.pipeline)
+
+    class MyMosaic(Mosaic):
+        pass
+
+    cfg.dataset.pipeline.append(dict(type='RandomFlip', prob=0.5))
+    mine = DATASETS.build(copy.deepcopy(cfg))
+    mine.pipeline[0] = MyMosaic(img_scale=(640, 640))
+    line = str(switch_pipeline(mine))
+    assert type(mine.pipeline[0]) is MyMosaic  # a user's subclass: stock
+    assert 'MixUp' in line and 'Mosaic' not in line.split(' fast')[0]
+    # the wrapped dataset's items may draw (RandomFlip): copies stay
+    assert type(mine) is not FastMultiImageMixDataset
+    assert 'MultiImageMixDataset stock (copies kept: its pipeline has ' \
+        'RandomFlip)' in line
+    assert isinstance(mine.pipeline[1], RandomAffine)
+
+
+def test_a_mix_dataset_built_twice_stays_one_swap(sample_data):
+    from mmdet.registry import DATASETS
+    dataset = DATASETS.build(copy.deepcopy(_train_dataset_cfg(sample_data)))
+    first = str(switch_pipeline(dataset))
+    assert str(switch_pipeline(dataset)) == first
+    clone = copy.deepcopy(dataset)
+    assert type(clone) is FastMultiImageMixDataset and clone._fp_fresh
