@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from fast_parallel.compat import (LOADER_CONFIGS, check_runner, loader_config,
                                   runner_loop, started_iterators)
 from fast_parallel.data.collate import packed_config_hint
-from fast_parallel.data.loader import accelerator_available
+from fast_parallel.data.loader import accelerator_available, forks_workers
 from fast_parallel.data.rebuild import install_fast_path, sampler_names
 from fast_parallel.outcome import Outcome
 from fast_parallel.pipeline import switch_pipeline
@@ -65,6 +65,11 @@ class FastParallelHook(Hook):
             (and ``MultiImageMixDataset``) their fast forms, with stock's
             bytes and random draws, before its workers start
             (:mod:`fast_parallel.pipeline`). Defaults to True.
+        cache_inputs (str, optional): ``'auto'``: keep each decoded train
+            image in shared memory, one copy for all workers, when the
+            decoded train set fits 40% of the available memory (else the
+            start line says what it needs); None: off. Only with
+            ``fast_pipeline``. Defaults to 'auto'.
         priority (int | str): Hook priority. Defaults to 'VERY_HIGH', so
             the wrapper is in place before other hooks look at the model.
     """
@@ -79,6 +84,7 @@ class FastParallelHook(Hook):
                  fast_targets: bool = True,
                  fast_voxelize: bool = True,
                  fast_pipeline: bool = True,
+                 cache_inputs: Optional[str] = 'auto',
                  priority: Union[int, str] = 'VERY_HIGH') -> None:
         self.device_ids = list(device_ids) if device_ids else None
         self.pin_memory = pin_memory
@@ -87,6 +93,7 @@ class FastParallelHook(Hook):
         self.fast_targets = fast_targets
         self.fast_voxelize = fast_voxelize
         self.fast_pipeline = fast_pipeline
+        self.cache_inputs = cache_inputs
         #: What the pipeline switch did (an Outcome), once ``before_run``
         #: ran.
         self.pipeline = None
@@ -125,7 +132,9 @@ class FastParallelHook(Hook):
                     # started again on the same dataset object
                     started = bool(started_iterators(loop, loader))
                     self.pipeline = switch_pipeline(loader.dataset,
-                                                    self.fast_pipeline)
+                                                    self.fast_pipeline,
+                                                    self.cache_inputs,
+                                                    forks_workers(loader))
                 self.loaders[kind] = self._install(runner, kind, loop, pin)
                 if kind == 'train' and started and \
                         loop.dataloader is loader and self.pipeline.done:

@@ -431,3 +431,127 @@ def test_a_mix_dataset_built_twice_stays_one_swap(sample_data):
     assert str(switch_pipeline(dataset)) == first
     clone = copy.deepcopy(dataset)
     assert type(clone) is FastMultiImageMixDataset and clone._fp_fresh
+
+
+# -- the decoded-input cache ----------------------------------------------
+
+
+def test_cache_gives_a_copy_of_what_was_decoded(tmp_path):
+    from fast_parallel.pipeline.cache import DecodedCache
+    rng = np.random.default_rng(0)
+    images = {
+        'color.png': _image(rng, 30, 40),
+        'gray.png': _image(rng, 9, 7, None),
+        'deep.png': rng.integers(0, 65536, (5, 6, 3)).astype(np.uint16),
+        'float.npy': rng.random((4, 4, 3)).astype(np.float32),
+    }
+    paths = [str(tmp_path / name)
+             for name in images] + [str(tmp_path / 'never.png')]
+    for path, img in zip(paths, images.values()):
+        open(path, 'wb').close()
+    cache = DecodedCache(paths, sum(i.nbytes for i in images.values()))
+    import os
+    for path, img in zip(paths, images.values()):
+        assert cache.get(path) is None
+        cache.put(path, img, os.stat(path))
+    for path, img in zip(paths, images.values()):
+        got = cache.get(path)
+        assert first_difference(got, img) is None
+        assert got.flags.c_contiguous and got.flags.writeable and \
+            got.flags.owndata
+        got[...] = 0  # a transform writing in place changes no cache byte
+        assert first_difference(cache.get(path), img) is None
+    assert cache.get(paths[-1]) is None and cache.get('elsewhere') is None
+    assert cache.used == sum(i.nbytes for i in images.values())
+    # full: not kept, counted
+    COUNTS.clear()
+    cache.put(paths[-1], images['color.png'], os.stat(paths[0]))
+    assert cache.get(paths[-1]) is None and COUNTS['cache: full'] == 1
+    # the file changed since: decoded again
+    with open(paths[0], 'wb') as f:
+        f.write(b'new')
+    assert cache.get(paths[0]) is None
+    assert COUNTS['cache: file changed since it was cached'] == 1
+    # a spawned worker gets no cache; a copied dataset the same one
+    import pickle
+    assert pickle.loads(pickle.dumps(cache)) is None
+    assert copy.deepcopy(cache) is cache
+
+
+def test_cached_loads_across_forked_workers_give_stock_bytes(sample_data):
+    """Two workers fill one cache (the main process sees every image
+    decoded once); the second epoch's samples, all hits, are stock's."""
+    from mmdet.registry import DATASETS
+    from torch.utils.data import DataLoader
+
+    from fast_parallel.pipeline.cache import FastLoadImageFromFile
+    cfg = _train_dataset_cfg(sample_data)
+    stock = DATASETS.build(copy.deepcopy(cfg))
+    fast = DATASETS.build(copy.deepcopy(cfg))
+    line = str(switch_pipeline(fast, cache_inputs='auto', forked=True))
+    assert 'inputs cached in shared memory (up to 0.0 GB;' in line, line
+    load = fast.dataset.pipeline.transforms[0]
+    assert type(load) is FastLoadImageFromFile
+    cache = load._fp_cache
+    sizes = sum(
+        info['height'] * info['width'] * 3
+        for info in map(fast.dataset.get_data_info, range(len(fast.dataset))))
+    assert cache.capacity == sizes
+
+    def epoch(dataset, seed):
+        loader = DataLoader(
+            dataset,
+            batch_size=1,
+            num_workers=2,
+            collate_fn=lambda b: b[0],
+            generator=torch.Generator().manual_seed(seed),
+            shuffle=True)
+        return list(loader)
+
+    epoch(fast, 0)
+    assert cache.used == sizes  # every image, once, from the workers
+    for a, b in zip(epoch(stock, 1), epoch(fast, 1)):
+        assert first_difference(a, b) is None
+
+
+def test_cache_that_does_not_fit_says_what_it_needs(sample_data, monkeypatch):
+    from mmdet.registry import DATASETS
+
+    from fast_parallel.pipeline import cache as cache_module
+    cfg = _train_dataset_cfg(sample_data)
+    monkeypatch.setattr(cache_module, 'AUTO_SHARE', 1e-9)
+    dataset = DATASETS.build(copy.deepcopy(cfg))
+    line = str(switch_pipeline(dataset, cache_inputs='auto'))
+    assert 'inputs not cached (the decoded train set needs 0.0 GB, over ' \
+        '0% of the ' in line, line
+    assert type(dataset.dataset.pipeline.transforms[0]).__name__ == \
+        'LoadImageFromFile'
+    monkeypatch.undo()
+    spawned = DATASETS.build(copy.deepcopy(cfg))
+    assert 'inputs not cached (the workers are not forked)' in str(
+        switch_pipeline(spawned, cache_inputs='auto', forked=False))
+    gray = copy.deepcopy(cfg)
+    gray.dataset.pipeline[0]['color_type'] = 'unchanged'
+    assert "inputs not cached (color_type 'unchanged': decoded sizes " \
+        'unknown)' in str(
+            switch_pipeline(DATASETS.build(gray), cache_inputs='auto'))
+
+
+def test_mix_dataset_with_the_cache_gives_stock_samples(sample_data):
+    cfg = _train_dataset_cfg(sample_data)
+    from mmdet.registry import DATASETS
+    stock = DATASETS.build(copy.deepcopy(cfg))
+    fast = DATASETS.build(copy.deepcopy(cfg))
+    switch_pipeline(fast, cache_inputs='auto')
+    np.random.seed(5)
+    COUNTS.clear()
+    for i in range(30):
+        (s_kind, s_out, s_states), (f_kind, f_out, f_states) = _run_both(
+            lambda r, i=i: stock[i % len(stock)],
+            lambda r, i=i: fast[i % len(fast)],
+            None)
+        assert (s_kind, f_kind) == ('ok', 'ok')
+        assert first_difference(s_out, f_out) is None, i
+        assert _same_states(s_states, f_states)
+        _set(s_states)
+    assert COUNTS['cache: hits'] > COUNTS['cache: decoded'] > 0

@@ -10,6 +10,9 @@ Usage:
         [--ops-iters 3] [--ops-warmup 1] [--ops-sweep 2 8 16]
         [--data data/bench] [--configs-root .] [--quick]
         [--ops-configs my_config.py mmdet::retinanet/...py]
+    python tools/benchmark.py --pipeline [--presets yolox_s ...]
+        [--pipeline-configs CONFIG ...] [--pipeline-samples 200]
+        [--data data/bench] [--json docs/benchmark_pipeline.json]
     python tools/benchmark.py --train [--train-preset yolox_s]
         [--arms stock stock+pin_memory fast] [--train-iters 50]
         [--train-warmup 10] [--repeats 3] [--data data/bench]
@@ -21,7 +24,8 @@ By default: the data path, stock and fast runs alternating in this process
 copies and bytes per batch, ``--configs`` whole iterations of the small
 configs, GPU bandwidth): :mod:`fast_parallel.bench.datapath`, its tables
 :mod:`fast_parallel.bench.report`, its charts :mod:`fast_parallel.bench.plot`.
-``--ops`` (operations per training iteration, :mod:`fast_parallel.bench.ops`)
+``--ops`` (operations per training iteration, :mod:`fast_parallel.bench.ops`),
+``--pipeline`` (worker CPU per sample, :mod:`fast_parallel.bench.pipeline`)
 and ``--train`` (full training iterations in fresh processes,
 :mod:`fast_parallel.bench.train_time`) run instead, on ``--data`` (default
 ``data/bench`` of this clone, made as ``tools/make_sample_data.py`` makes it
@@ -115,6 +119,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=['yolox_s', 'yolox_tiny_sample'],
         help='the presets --ops-sweep counts (those also in --presets)')
     parser.add_argument(
+        '--pipeline',
+        action='store_true',
+        help='worker CPU per sample of the train pipelines, stock vs fast '
+        'vs fast with the decoded-input cache, with a bytes check')
+    parser.add_argument(
+        '--pipeline-configs',
+        nargs='+',
+        default=[],
+        metavar='CONFIG',
+        help='--pipeline: also these configs (then no preset unless '
+        '--presets is given)')
+    parser.add_argument('--pipeline-samples', type=int, default=200)
+    parser.add_argument(
         '--train',
         action='store_true',
         help='time full training iterations, arm by arm')
@@ -153,8 +170,11 @@ def parse_args(argv=None) -> argparse.Namespace:
             args.train_iters, args.train_warmup = 3, 1
         if '--ops-iters' not in explicit:
             args.ops_iters = 1
-    if args.ops_configs and '--presets' not in explicit:
+    if (args.ops_configs or args.pipeline_configs) and \
+            '--presets' not in explicit:
         args.presets = []
+    if args.quick and '--pipeline-samples' not in explicit:
+        args.pipeline_samples = 6
     if args.data is None:
         args.data = osp.join(ROOT, 'data', 'sample' if args.quick else 'bench')
     return args
@@ -180,7 +200,7 @@ def main(argv=None) -> dict:
         torch=torch.__version__,
         device=(torch.cuda.get_device_name(device)
                 if device.type == 'cuda' else str(device)))
-    modes = args.ops or args.train
+    modes = args.ops or args.train or args.pipeline
     if modes:
         results = run_modes(args, machine, device)
     else:

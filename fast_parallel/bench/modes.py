@@ -136,9 +136,62 @@ def train_section(args: argparse.Namespace, data: str) -> dict:
             progress=bar.update)
 
 
+def pipeline_section(args: argparse.Namespace, data: str) -> dict:
+    """``--pipeline``: worker CPU per sample of each preset and each of
+    ``--pipeline-configs``, stock against fast (and cached), with a bytes
+    check of every sample.
+
+    Args:
+        args (argparse.Namespace): The command line (``presets``,
+            ``pipeline_configs``, ``pipeline_samples``, ``configs_root``,
+            ``cfg_options``).
+        data (str): The data folder.
+
+    Returns:
+        dict: :func:`~fast_parallel.bench.pipeline.compare_pipelines`, by
+        preset or config.
+    """
+    from fast_parallel.bench.pipeline import compare_pipelines
+    from fast_parallel.bench.presets import load_config, load_preset
+    configs = [(name, load_preset(name, data, args.configs_root))
+               for name in args.presets]
+    configs += [(config, load_config(config))
+                for config in args.pipeline_configs or []]
+    out = {}
+    for name, cfg in configs:
+        if args.cfg_options:
+            cfg.merge_from_dict(args.cfg_options)
+        out[name] = compare_pipelines(cfg, args.pipeline_samples)
+    return out
+
+
+def _spread(values) -> str:
+    return ' / '.join(f'{v:.2f}' for v in values)
+
+
+def format_pipeline(results: dict) -> str:
+    """One line per preset: CPU per sample, ratios, spread, bytes check."""
+    lines = [
+        'worker CPU per sample (this thread\'s CPU time, arms alternating; '
+        'spread: min / median / max over rounds)'
+    ]
+    for name, r in results.items():
+        differs = r['first_difference']
+        lines.append(
+            f'{name}: stock {r["stock_ms"]:.1f} ms, fast '
+            f'{r["fast_ms"]:.1f} ms ({r["ratio"]:.2f}; '
+            f'{_spread(r["spread"])}), cached {r["fast_cached_ms"]:.1f} ms '
+            f'({r["cached_ratio"]:.2f}; {_spread(r["cached_spread"])}); '
+            f'{r["equal"]}/{r["samples"]} samples and random states equal' +
+            (f' (first difference: {differs})' if differs else ''))
+        lines.append(f'    {r["switch_cached"]}')
+    return '\n'.join(lines)
+
+
 def run_modes(args: argparse.Namespace, machine: dict,
               device: torch.device) -> dict:
-    """``--ops`` and/or ``--train``: run each, print its table.
+    """``--ops``, ``--train`` and / or ``--pipeline``: run each, print its
+    table.
 
     Args:
         args (argparse.Namespace): The command line (``ops``, ``train``,
@@ -148,7 +201,7 @@ def run_modes(args: argparse.Namespace, machine: dict,
         device (torch.device): The device the runs use.
 
     Returns:
-        dict: ``machine``, then ``ops`` and / or ``train``.
+        dict: ``machine``, then ``pipeline``, ``ops`` and / or ``train``.
     """
     from fast_parallel.bench.ops import format_ops, format_sweep
     from fast_parallel.bench.train_time import format_train
@@ -158,6 +211,9 @@ def run_modes(args: argparse.Namespace, machine: dict,
     data = args.data  # --ops-configs name their own
     if args.train or args.presets:
         data = ensure_data(args.data, args.quick)
+    if getattr(args, 'pipeline', False):
+        results['pipeline'] = pipeline_section(args, data)
+        print(format_pipeline(results['pipeline']))
     if args.ops:
         results['ops'] = ops_section(args, data)
         sweep = results['ops'].pop('sweep', None)

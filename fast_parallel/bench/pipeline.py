@@ -19,7 +19,10 @@ import cv2
 import numpy as np
 import torch
 
-__all__ = ['compare_pipelines', 'first_difference']
+__all__ = ['ARMS', 'compare_pipelines', 'first_difference']
+
+#: The arms, stock first.
+ARMS = ('stock', 'fast', 'fast_cached')
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -136,10 +139,13 @@ def compare_pipelines(cfg: Any,
             Defaults to 10.
 
     Returns:
-        dict: ``stock_ms``, ``fast_ms`` (CPU per sample), ``ratio``,
-        ``spread`` (min, median, max of the rounds' ratios), ``samples``,
-        ``equal`` (samples whose outputs and random states matched),
-        ``first_difference``, ``switch`` (the start line's words),
+        dict: ``stock_ms``, ``fast_ms``, ``fast_cached_ms`` (CPU per
+        sample; the cached arm's cache filled first, as from a run's second
+        epoch), ``ratio`` and ``cached_ratio`` (to stock), ``spread`` and
+        ``cached_spread`` (min, median, max of the rounds' ratios),
+        ``samples``, ``equal`` (samples whose outputs and random states
+        matched stock's in both fast arms), ``first_difference``,
+        ``switch`` and ``switch_cached`` (the start line's words),
         ``by_transform`` (ms per sample by transform, per arm) and
         ``counts`` (:data:`fast_parallel.pipeline.COUNTS`).
     """
@@ -151,13 +157,15 @@ def compare_pipelines(cfg: Any,
     cv2.setNumThreads(0)
     arms = {
         name: DATASETS.build(copy.deepcopy(cfg.train_dataloader.dataset))
-        for name in ('stock', 'fast')
+        for name in ARMS
     }
     switch = str(switch_pipeline(arms['fast']))
-    spent: Dict[str, Dict[str, float]] = {'stock': {}, 'fast': {}}
+    cached = str(switch_pipeline(arms['fast_cached'], cache_inputs='auto'))
+    _warm_cache(arms['fast_cached'])
+    spent: Dict[str, Dict[str, float]] = {name: {} for name in ARMS}
     for name, dataset in arms.items():
         _time_transforms(dataset, spent[name])
-    total = {'stock': [], 'fast': []}
+    total: Dict[str, List[float]] = {name: [] for name in ARMS}
     equal, difference = 0, None
     COUNTS.clear()
     np.random.seed(seed)
@@ -165,7 +173,7 @@ def compare_pipelines(cfg: Any,
     torch.manual_seed(seed)
     for i in range(samples):
         start_states = _states()
-        order = ('stock', 'fast') if i % 2 == 0 else ('fast', 'stock')
+        order = ARMS[i % 3:] + ARMS[:i % 3]
         out = {}
         for name in order:
             _set_states(start_states)
@@ -173,31 +181,40 @@ def compare_pipelines(cfg: Any,
             sample = arms[name][i % len(arms[name])]
             total[name].append(time.thread_time() - start)
             out[name] = (sample, _states())
-        found = first_difference(out['stock'][0], out['fast'][0])
-        if found is None and not _same_states(out['stock'][1], out['fast'][1]):
-            found = 'random states after the sample'
+        found = None
+        for name in ARMS[1:]:
+            found = found or first_difference(out['stock'][0], out[name][0])
+            if found is None and not _same_states(out['stock'][1],
+                                                  out[name][1]):
+                found = f'random states after the sample ({name})'
         if found is None:
             equal += 1
         elif difference is None:
             difference = f'sample {i}: {found}'
         _set_states(out['stock'][1])
     size = max(1, samples // rounds)
-    ratios = [
-        sum(total['fast'][k:k + size]) / sum(total['stock'][k:k + size])
-        for k in range(0, samples, size)
-    ]
-    stock_s, fast_s = sum(total['stock']), sum(total['fast'])
+
+    def spread(name: str) -> List[float]:
+        ratios = [
+            sum(total[name][k:k + size]) / sum(total['stock'][k:k + size])
+            for k in range(0, samples, size)
+        ]
+        return [min(ratios), statistics.median(ratios), max(ratios)]
+
+    stock_s = sum(total['stock'])
     return dict(
         stock_ms=stock_s / samples * 1e3,
-        fast_ms=fast_s / samples * 1e3,
-        ratio=fast_s / stock_s,
-        spread=[min(ratios),
-                statistics.median(ratios),
-                max(ratios)],
+        fast_ms=sum(total['fast']) / samples * 1e3,
+        fast_cached_ms=sum(total['fast_cached']) / samples * 1e3,
+        ratio=sum(total['fast']) / stock_s,
+        cached_ratio=sum(total['fast_cached']) / stock_s,
+        spread=spread('fast'),
+        cached_spread=spread('fast_cached'),
         samples=samples,
         equal=equal,
         first_difference=difference,
         switch=switch,
+        switch_cached=cached,
         by_transform={
             arm: {
                 k: v / samples * 1e3
@@ -206,3 +223,15 @@ def compare_pipelines(cfg: Any,
             for arm in spent
         },
         counts=dict(COUNTS))
+
+
+def _warm_cache(dataset: Any) -> None:
+    """Decodes every image of ``dataset`` once into its cache (a run's
+    first epoch), leaving the random states as they were."""
+    from fast_parallel.pipeline.cache import FastLoadImageFromFile
+    from fast_parallel.pipeline.switch import _pipelines
+    for holder, transforms in _pipelines(dataset):
+        for load in transforms:
+            if type(load) is FastLoadImageFromFile:
+                for i in range(len(holder)):
+                    load(holder.get_data_info(i))

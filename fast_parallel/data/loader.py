@@ -17,6 +17,9 @@ are torch's unchanged: the classes below only override ``__next__`` and
 ``_next_data``.
 """
 
+import multiprocessing
+from typing import Any
+
 import torch
 from torch.utils.data import DataLoader
 
@@ -148,3 +151,22 @@ def loader_figures(loader: DataLoader) -> str:
     pinned = 'pinned' if loader.pin_memory and accelerator_available() \
         else 'not pinned'
     return f'{workers} worker{"" if workers == 1 else "s"}, {pinned}'
+
+
+def forks_workers(loader: Any) -> bool:
+    """Whether ``loader``'s workers fork from this process (they then map
+    what it mapped, such as the decoded-input cache), or it has none.
+
+    Args:
+        loader (DataLoader): The loader.
+
+    Returns:
+        bool: True without workers, or with the ``fork`` start method.
+    """
+    if loader.num_workers == 0:
+        return True
+    context = loader.multiprocessing_context
+    method = context.get_start_method() if context is not None else \
+        multiprocessing.get_start_method(allow_none=True) or \
+        multiprocessing.get_context().get_start_method()
+    return method == 'fork'

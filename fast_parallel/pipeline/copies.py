@@ -19,7 +19,8 @@ __all__ = ['as_deepcopied', 'fresh_results_why', 'RandomStates']
 
 #: Load transforms whose output is a new object, made from the file and the
 #: info alone: no random draw, no state kept (by class name).
-FRESH_LOADS = frozenset({'LoadImageFromFile', 'LoadAnnotations'})
+FRESH_LOADS = frozenset(
+    {'LoadImageFromFile', 'LoadAnnotations', 'FastLoadImageFromFile'})
 
 _PLAIN = (str, bytes, int, float, bool, complex, type(None), np.generic)
 _SCALARS = frozenset((str, bytes, int, float, bool, complex, type(None)))
