@@ -16,6 +16,7 @@ from fast_parallel.data.loader import accelerator_available, forks_workers
 from fast_parallel.data.rebuild import install_fast_path, sampler_names
 from fast_parallel.outcome import Outcome
 from fast_parallel.pipeline import switch_pipeline
+from fast_parallel.pipeline.data_bound import DataBoundMonitor
 from fast_parallel.step.foreach_ema import fuse_ema
 from fast_parallel.step.fused_optim import fuse_optim_wrapper
 from fast_parallel.step.targets.switch import switch_targets
@@ -25,6 +26,8 @@ from fast_parallel.wrappers import (FastDataParallel,
 from fast_parallel.wrappers.data_parallel import module_device
 
 FAST_WRAPPERS = (FastDataParallel, FastDistributedDataParallel)
+#: Iterations after which the first data-bound line is logged.
+DATA_BOUND_AFTER = 50
 
 
 @HOOKS.register_module()
@@ -94,6 +97,9 @@ class FastParallelHook(Hook):
         self.fast_voxelize = fast_voxelize
         self.fast_pipeline = fast_pipeline
         self.cache_inputs = cache_inputs
+        #: Reads data waits and workers' CPU for the data-bound line.
+        self.data_bound = DataBoundMonitor()
+        self._iters_seen = 0
         #: What the pipeline switch did (an Outcome), once ``before_run``
         #: ran.
         self.pipeline = None
@@ -259,9 +265,31 @@ class FastParallelHook(Hook):
                 (f'; {stock} tensors that hooks put into batches were '
                  'moved stock\'s way, one copy each' if stock else ''))
 
+    def after_train_iter(self,
+                         runner,
+                         batch_idx: int,
+                         data_batch=None,
+                         outputs=None) -> None:
+        """After this run's first :data:`DATA_BOUND_AFTER` iterations, logs
+        whether they waited on data."""
+        self._iters_seen += 1
+        if self.enabled:
+            self.data_bound.tick(runner.train_loop)
+        if self._iters_seen == DATA_BOUND_AFTER:
+            self._log_data_bound(runner, f'iterations 1-{DATA_BOUND_AFTER}')
+
+    def _log_data_bound(self, runner, span: str) -> None:
+        if not self.enabled:
+            return
+        line = self.data_bound.report(runner, runner.train_loop, span)
+        if line:
+            runner.logger.info(f'FastParallelHook: {line}')
+
     def after_train_epoch(self, runner) -> None:
-        """Logs the epoch's mean transfer figures and target counts."""
+        """Logs the epoch's mean transfer figures, target counts and
+        whether it waited on data."""
         self._report(runner, 'train')
+        self._log_data_bound(runner, f'epoch {runner.epoch + 1}')
         for stats in self.target_stats:  # empty unless enabled
             line = stats.pop()
             if line:

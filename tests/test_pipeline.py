@@ -555,3 +555,49 @@ def test_mix_dataset_with_the_cache_gives_stock_samples(sample_data):
         assert _same_states(s_states, f_states)
         _set(s_states)
     assert COUNTS['cache: hits'] > COUNTS['cache: decoded'] > 0
+
+
+# -- the data-bound line ---------------------------------------------------
+
+
+def test_a_run_waiting_on_data_says_so_and_what_would_cover_it(
+        sample_data, tmp_path):
+    """A real run whose pipeline spends 1.5 s of worker CPU per sample (a
+    user's costly transform) on one worker."""
+    import time
+
+    from mmcv.transforms import BaseTransform
+    from mmdet.registry import TRANSFORMS
+    from mmengine.runner import Runner
+    from models import CONFIGS
+    from runner_utils import sample_config
+
+    @TRANSFORMS.register_module(force=True)
+    class SpendCPU(BaseTransform):
+
+        def transform(self, results):
+            end = time.thread_time() + 1.5
+            while time.thread_time() < end:
+                pass
+            return results
+
+    cfg = sample_config(
+        CONFIGS['yolox'],
+        sample_data,
+        tmp_path,
+        fast=True,
+        train_cfg=dict(max_epochs=1, val_interval=10))
+    cfg.train_dataloader.num_workers = 1
+    cfg.train_dataloader.batch_size = 2
+    cfg.train_dataloader.persistent_workers = False
+    cfg.train_dataloader.dataset.pipeline.insert(-1, dict(type='SpendCPU'))
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    log = open(f'{runner.log_dir}/{runner.timestamp}.log').read()
+    line = next(x for x in log.splitlines() if 'data-bound: epoch 1' in x)
+    assert 'not data-bound' not in line, line
+    share = int(line.split('waited for data ')[1].split('%')[0])
+    assert share > 10, line
+    spent = float(line.split('the 1 worker spent ')[1].split(' ms')[0])
+    assert spent >= 2 * 1500, line  # two samples of 1.5 s each, at least
+    assert 'num_workers=' in line or 'cores present would be needed' in line

@@ -42,7 +42,7 @@ from fast_parallel.compat.torch_data import (base_iterator_class,
                                              set_persistent_iterator,
                                              shutdown_workers, start_iterator,
                                              started_iterators,
-                                             storage_use_count)
+                                             storage_use_count, worker_pids)
 
 # yapf: enable
 
@@ -65,6 +65,6 @@ __all__ = [
     'persistent_iterator', 'preprocessor_device', 'private',
     'randomness_config', 'run_forward', 'runner_loop',
     'set_persistent_iterator', 'shutdown_workers', 'start_iterator',
-    'started_iterators', 'storage_use_count', 'switched_hooks',
+    'started_iterators', 'storage_use_count', 'switched_hooks', 'worker_pids',
     'yolox_bbox_decode', 'yolox_targets_single'
 ]

@@ -263,3 +263,13 @@ def storage_use_count(tensor: Any) -> int:
                     'the shared ring (when a slot may be reused)')
     storage = tensor.untyped_storage()
     return count(storage._cdata) + sys.getrefcount(storage)
+
+
+def worker_pids(iterator: Any) -> list:
+    """The process ids of a DataLoader iterator's workers (torch's
+    ``_workers``); [] for a single-process one."""
+    if iterator is None or not hasattr(iterator, '_workers'):
+        return []
+    workers = private(iterator, '_workers', 'torch',
+                      'the data-bound line (workers\' CPU time)')
+    return [w.pid for w in workers if w.pid is not None]

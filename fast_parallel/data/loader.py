@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fast_parallel.compat import (check_dataloader_internals,
-                                  fast_iterator_classes)
+                                  fast_iterator_classes, worker_pids)
 from fast_parallel.data.collate import PackedCollate, packed_for
 from fast_parallel.data.handout import hand_out
 from fast_parallel.data.loader_state import (loader_state,
@@ -43,7 +43,12 @@ class _SingleProcessIter(_Single):
 
 
 class _MultiProcessingIter(_Multi):
-    """The multi-process iterator (workers)."""
+    """The multi-process iterator (workers), which tells the loader's state
+    its workers' process ids."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        super().__init__(loader)
+        loader_state(loader).worker_pids = tuple(worker_pids(self))
 
 
 class FastDataLoader(DataLoader):

@@ -32,13 +32,16 @@ class LoaderState:
             fast_parallel's. Defaults to False.
     """
 
-    __slots__ = ('base_seed', 'carries_worker_states')
+    __slots__ = ('base_seed', 'carries_worker_states', 'worker_pids')
 
     def __init__(self,
                  base_seed: Optional[int] = None,
                  carries_worker_states: bool = False) -> None:
         self.base_seed = base_seed
         self.carries_worker_states = carries_worker_states
+        #: The process ids of the workers its latest fast iterator started
+        #: (for the data-bound line; not carried to workers).
+        self.worker_pids: tuple = ()
 
     def __getstate__(self) -> tuple:
         # Collate functions carry it to spawned workers.
@@ -46,6 +49,7 @@ class LoaderState:
 
     def __setstate__(self, state: tuple) -> None:
         self.base_seed, self.carries_worker_states = state
+        self.worker_pids = ()
 
     def __repr__(self) -> str:
         return (f'LoaderState(base_seed={self.base_seed}, '
