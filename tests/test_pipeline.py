@@ -157,6 +157,9 @@ def test_as_deepcopied_hands_over_what_a_deep_copy_would():
         for q in paths[i + 1:]:
             assert np.shares_memory(ours[p], ours[q]) == np.shares_memory(
                 theirs[p], theirs[q]), (p, q)
+    # nor with memory the caller still holds (views are copied, wherever)
+    for path, a in ours.items():
+        assert a.dtype.hasobject or not np.shares_memory(a, base), path
     assert first_difference(handed['tensor'], copied['tensor']) is None
     assert first_difference(handed['boxes'], copied['boxes']) is None
     assert handed['nested'][0]['poly'] == copied['nested'][0]['poly']
@@ -187,7 +190,8 @@ def test_fast_mixup_gives_stock_bytes_and_draws(seed):
                 img_scale=tuple(int(v) for v in rng.choice([64, 160, 640], 2)),
                 ratio_range=(0.5, 1.6) if rng.random() < 0.5 else (0.8, 1.6),
                 flip_ratio=float(rng.choice([0.0, 0.5, 1.0])),
-                pad_val=[114.0, 114, 0, 255.0, 114.5][cases % 5],
+                pad_val=[114.0, 114, 0, 255.0, 114.5, (114, 114, 114),
+                         (0.5, 7, 255.0)][cases % 7],
                 bbox_clip_border=bool(rng.random() < 0.7))
             stock = MixUp(**options)
             fast = copy.deepcopy(stock)
@@ -233,7 +237,7 @@ def test_fast_mosaic_gives_stock_bytes_and_draws(seed):
             img_scale=tuple(int(v) for v in rng.choice([32, 160, 640], 2)),
             center_ratio_range=(0.5, 1.5),
             bbox_clip_border=bool(case % 3),
-            pad_val=[114.0, 0, 7.5][case % 3],
+            pad_val=[114.0, 0, 7.5, (114, 114, 114)][case % 4],
             prob=[1.0, 0.5][case % 2])
         fast = copy.deepcopy(stock)
         fast.__class__ = FastMosaic

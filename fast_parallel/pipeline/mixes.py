@@ -118,8 +118,10 @@ class FastMixUp(MixUp):
         if not (_colour_uint8(results.get('img'))
                 and _colour_uint8(mix[0].get('img'))):
             return 'not a 3-channel uint8 image'
-        if not 0 <= self.pad_val <= 255:
-            return 'pad_val outside 0..255'
+        pad = np.asarray(self.pad_val, dtype=np.float64)
+        if pad.ndim > 1 or pad.size not in (1, 3) or \
+                not np.all((pad >= 0) & (pad <= 255)):
+            return 'pad_val not in 0..255 (one value or three)'
         return None
 
     @autocast_box_type()
@@ -134,10 +136,11 @@ class FastMixUp(MixUp):
         is_flip = random.uniform(0, 1) > self.flip_ratio
 
         # stock: np.ones(..., img dtype) * pad_val; numpy's own rule gives
-        # the canvas dtype and value (float64 for a float pad_val)
-        one = np.ones((1, ), dtype=retrieve_img.dtype) * self.pad_val
+        # the canvas dtype and value (float64 for a float pad_val; one
+        # value per channel for three)
+        one = np.ones((1, 1, 3), dtype=retrieve_img.dtype) * self.pad_val
         out_img = np.full((self.dynamic_scale[1], self.dynamic_scale[0], 3),
-                          one[0],
+                          one,
                           dtype=one.dtype)
 
         scale_ratio = min(self.dynamic_scale[1] / retrieve_img.shape[0],
@@ -163,7 +166,7 @@ class FastMixUp(MixUp):
         if padded_w > target_w:
             x_offset = random.randint(0, padded_w - target_w)
         # stock pads the whole canvas (float64, cast to uint8), then crops
-        fill = (np.ones((1, )) * self.pad_val).astype(np.uint8)[0]
+        fill = (np.ones((1, 1, 3)) * self.pad_val).astype(np.uint8)
         padded_cropped_img = np.full((target_h, target_w, 3),
                                      fill,
                                      dtype=np.uint8)
