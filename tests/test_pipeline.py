@@ -190,8 +190,10 @@ def test_fast_mixup_gives_stock_bytes_and_draws(seed):
                 img_scale=tuple(int(v) for v in rng.choice([64, 160, 640], 2)),
                 ratio_range=(0.5, 1.6) if rng.random() < 0.5 else (0.8, 1.6),
                 flip_ratio=float(rng.choice([0.0, 0.5, 1.0])),
-                pad_val=[114.0, 114, 0, 255.0, 114.5, (114, 114, 114),
-                         (0.5, 7, 255.0)][cases % 7],
+                pad_val=[
+                    114.0, 114, 0, 255.0, 114.5, (114, 114, 114),
+                    (0.5, 7, 255.0)
+                ][cases % 7],
                 bbox_clip_border=bool(rng.random() < 0.7))
             stock = MixUp(**options)
             fast = copy.deepcopy(stock)
@@ -605,3 +607,71 @@ def test_a_run_waiting_on_data_says_so_and_what_would_cover_it(
     spent = float(line.split('the 1 worker spent ')[1].split(' ms')[0])
     assert spent >= 2 * 1500, line  # two samples of 1.5 s each, at least
     assert 'num_workers=' in line or 'cores present would be needed' in line
+
+
+def _with_masks(rng, results, kind):
+    from mmdet.structures.mask import BitmapMasks, PolygonMasks
+    h, w = results['img'].shape[:2]
+    n = len(results['gt_bboxes'])
+    if kind == 'bitmap':
+        results['gt_masks'] = BitmapMasks(
+            rng.integers(0, 2, (n, h, w)).astype(np.uint8), h, w)
+    else:
+        results['gt_masks'] = PolygonMasks([[rng.uniform(0, min(h, w), 8)]
+                                            for _ in range(n)], h, w)
+    return results
+
+
+@pytest.mark.parametrize('masks', [None, 'bitmap', 'polygon'])
+def test_fast_cached_mixes_give_stock_bytes_and_draws(masks):
+    """A stream of samples through each pair (their caches fill, pop and
+    are picked from as stock's), with every option's values."""
+    from mmdet.datasets.transforms import CachedMixUp, CachedMosaic
+
+    from fast_parallel.pipeline.cached_mixes import (FastCachedMixUp,
+                                                     FastCachedMosaic)
+    rng = np.random.default_rng(7)
+    np.random.seed(7)
+    pairs = []
+    for random_pop, cached, prob in ((True, 5, 1.0), (False, 7, 0.5)):
+        mosaic = CachedMosaic(
+            img_scale=(96, 64),
+            max_cached_images=cached,
+            random_pop=random_pop,
+            prob=prob,
+            pad_val=(114, 114, 114) if random_pop else 114.0)
+        mixup = CachedMixUp(
+            img_scale=(64, 96),
+            ratio_range=(0.5, 1.5),
+            max_cached_images=cached,
+            random_pop=random_pop,
+            prob=prob,
+            pad_val=(114, 114, 114) if random_pop else 114.0)
+        for stock, fast_class in ((mosaic, FastCachedMosaic),
+                                  (mixup, FastCachedMixUp)):
+            fast = copy.deepcopy(stock)
+            fast.__class__ = fast_class
+            pairs.append((stock, fast))
+    COUNTS.clear()
+    for step in range(40):
+        h, w = SIZES[step % len(SIZES)]
+        h, w = min(h, 200), min(w, 200)
+        dtype = np.float32 if step in (21, 22) else np.uint8
+        results = _results(rng, h, w, int(rng.choice([0, 1, 4])), 3, dtype)
+        if masks:
+            results = _with_masks(rng, results, masks)
+        for stock, fast in pairs:
+            (s_kind, s_out, s_states), (f_kind, f_out, f_states) = \
+                _run_both(stock, fast, results)
+            assert s_kind == f_kind, (s_out, f_out)
+            if s_kind == 'raised':  # stock's error (a float image)
+                assert s_out == f_out
+            else:
+                assert first_difference(s_out, f_out) is None, \
+                    first_difference(s_out, f_out)
+            assert _same_states(s_states, f_states)
+            # the caches fill, pop and are picked from alike
+            assert first_difference(stock.results_cache,
+                                    fast.results_cache) is None
+            _set(s_states)
+    assert COUNTS['stock: CachedMixUp: not a 3-channel uint8 image'] > 0

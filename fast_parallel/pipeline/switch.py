@@ -13,6 +13,8 @@ from mmengine.dataset import BaseDataset
 
 from fast_parallel.outcome import Outcome
 from fast_parallel.pipeline.cache import FastLoadImageFromFile, install_cache
+from fast_parallel.pipeline.cached_mixes import (FastCachedMixUp,
+                                                 FastCachedMosaic)
 from fast_parallel.pipeline.colour import FastYOLOXHSVRandomAug
 from fast_parallel.pipeline.copies import fresh_results_why
 from fast_parallel.pipeline.mix_dataset import FastMultiImageMixDataset
@@ -27,6 +29,8 @@ SWAPS: Dict[str, type] = {
     'Mosaic': FastMosaic,
     'MixUp': FastMixUp,
     'YOLOXHSVRandomAug': FastYOLOXHSVRandomAug,
+    'CachedMosaic': FastCachedMosaic,
+    'CachedMixUp': FastCachedMixUp,
 }
 
 #: Transforms left stock on purpose, and why (the start line says it).

@@ -1,0 +1,137 @@
+"""Fast forms of mmdet's ``CachedMosaic`` and ``CachedMixUp`` (RTMDet):
+stock's bytes and draws.
+
+Stock keeps a deep copy of each sample in the transform's cache (kept here:
+later transforms change the sample in place), then deep-copies the picked
+entries, and ``CachedMosaic`` deep-copies each of them again for its patch.
+The picks are only read, but for their boxes, which are moved in place: the
+fast forms copy those alone. ``FastCachedMixUp`` builds only the crop window
+and mixes in integers (:class:`~fast_parallel.pipeline.mixes.MixWindow`);
+a sample or cache entry whose image is not 3-channel ``uint8`` makes it take
+stock's ``transform``, counted.
+"""
+import copy
+from typing import Optional
+
+import numpy as np
+from mmdet.datasets.transforms import CachedMixUp, CachedMosaic
+from mmdet.structures.bbox import autocast_box_type
+from numpy import random
+
+from fast_parallel.pipeline.mixes import (MixWindow, colour_uint8, mix_halves,
+                                          mosaic_of, pad_val_why)
+from fast_parallel.pipeline.stats import COUNTS
+
+__all__ = ['FastCachedMixUp', 'FastCachedMosaic']
+
+
+def _cache_and_pop(t, results: dict) -> None:
+    """Stock's: keep a copy of the sample, drop one entry when full."""
+    t.results_cache.append(copy.deepcopy(results))
+    if len(t.results_cache) > t.max_cached_images:
+        if t.random_pop:
+            index = random.randint(0, len(t.results_cache) - 1)
+        else:
+            index = 0
+        t.results_cache.pop(index)
+
+
+class FastCachedMosaic(CachedMosaic):
+    """``CachedMosaic`` without the copies of the picked entries."""
+
+    def transform(self, results: dict) -> dict:
+        return self._fast(results)
+
+    @autocast_box_type()
+    def _fast(self, results: dict) -> dict:
+        _cache_and_pop(self, results)
+        if len(self.results_cache) <= 4:
+            return results
+        if random.uniform(0, 1) > self.prob:
+            return results
+        indices = self.get_indexes(self.results_cache)
+        mix_results = [self.results_cache[i] for i in indices]
+        return mosaic_of(self, results, mix_results, 'gt_masks' in results)
+
+
+class FastCachedMixUp(CachedMixUp):
+    """``CachedMixUp`` that copies only the picked entry's boxes, pads only
+    the crop window and mixes in integers."""
+
+    def transform(self, results: dict) -> dict:
+        why = self._why_stock(results)
+        if why is not None:
+            COUNTS[f'stock: CachedMixUp: {why}'] += 1
+            return CachedMixUp.transform(self, results)
+        return self._fast(results)
+
+    def _why_stock(self, results: dict) -> Optional[str]:
+        # decided before any draw, on every image a pick may take
+        images = [results.get('img')
+                  ] + [entry.get('img') for entry in self.results_cache]
+        if not all(map(colour_uint8, images)):
+            return 'not a 3-channel uint8 image'
+        return pad_val_why(self.pad_val)
+
+    @autocast_box_type()
+    def _fast(self, results: dict) -> dict:
+        _cache_and_pop(self, results)
+        if len(self.results_cache) <= 1:
+            return results
+        if random.uniform(0, 1) > self.prob:
+            return results
+        entry = self.results_cache[self.get_indexes(self.results_cache)]
+        if entry['gt_bboxes'].shape[0] == 0:
+            return results
+
+        with_mask = 'gt_masks' in results
+        ori_img = results['img']
+        target_h, target_w = ori_img.shape[:2]
+        window = MixWindow(self, entry['img'], (target_h, target_w))
+        origin = [window.origin_h, window.origin_w]
+
+        retrieve_gt_bboxes = copy.deepcopy(entry['gt_bboxes'])
+        retrieve_gt_bboxes.rescale_([window.scale_ratio, window.scale_ratio])
+        if with_mask:  # rescale, flip and translate make new masks
+            retrieve_gt_masks = entry['gt_masks'].rescale(window.scale_ratio)
+        if self.bbox_clip_border:
+            retrieve_gt_bboxes.clip_(origin)
+        if window.is_flip:
+            retrieve_gt_bboxes.flip_(origin, direction='horizontal')
+            if with_mask:
+                retrieve_gt_masks = retrieve_gt_masks.flip()
+
+        cp_retrieve_gt_bboxes = retrieve_gt_bboxes.clone()
+        cp_retrieve_gt_bboxes.translate_([-window.x_offset, -window.y_offset])
+        if with_mask:
+            retrieve_gt_masks = retrieve_gt_masks.translate(
+                out_shape=(target_h, target_w),
+                offset=-window.x_offset,
+                direction='horizontal')
+            retrieve_gt_masks = retrieve_gt_masks.translate(
+                out_shape=(target_h, target_w),
+                offset=-window.y_offset,
+                direction='vertical')
+        if self.bbox_clip_border:
+            cp_retrieve_gt_bboxes.clip_([target_h, target_w])
+
+        mixup_img = mix_halves(ori_img, window.crop)
+        mixup_gt_bboxes = cp_retrieve_gt_bboxes.cat(
+            (results['gt_bboxes'], cp_retrieve_gt_bboxes), dim=0)
+        mixup_gt_bboxes_labels = np.concatenate(
+            (results['gt_bboxes_labels'], entry['gt_bboxes_labels']), axis=0)
+        mixup_gt_ignore_flags = np.concatenate(
+            (results['gt_ignore_flags'], entry['gt_ignore_flags']), axis=0)
+        if with_mask:
+            mixup_gt_masks = retrieve_gt_masks.cat(
+                [results['gt_masks'], retrieve_gt_masks])
+
+        inside_inds = mixup_gt_bboxes.is_inside([target_h, target_w]).numpy()
+        results['img'] = mixup_img
+        results['img_shape'] = mixup_img.shape[:2]
+        results['gt_bboxes'] = mixup_gt_bboxes[inside_inds]
+        results['gt_bboxes_labels'] = mixup_gt_bboxes_labels[inside_inds]
+        results['gt_ignore_flags'] = mixup_gt_ignore_flags[inside_inds]
+        if with_mask:
+            results['gt_masks'] = mixup_gt_masks[inside_inds]
+        return results
