@@ -95,7 +95,8 @@ def _walk_new(value: Any, boxes: tuple, plain: Dict[int, Any],
         if _SCALARS.issuperset(map(type, items)):
             walked, all_plain = value, True
         else:
-            pairs = [_walk(v, boxes, plain, memo) for v in items]
+            pairs = [(v, True) if type(v) in _SCALARS else _walk(
+                v, boxes, plain, memo) for v in items]
             all_plain = all(p for _, p in pairs)
             new = [v for v, _ in pairs]
             walked = value

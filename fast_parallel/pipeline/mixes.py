@@ -11,6 +11,7 @@ import copy
 from typing import Optional
 
 import mmcv
+import mmcv.image.io as mmcv_io
 import numpy as np
 from mmdet.datasets.transforms import MixUp, Mosaic
 from mmdet.structures.bbox import autocast_box_type
@@ -20,9 +21,27 @@ from fast_parallel.compat import mosaic_combine
 from fast_parallel.pipeline.stats import COUNTS
 
 __all__ = [
-    'FastMixUp', 'FastMosaic', 'MixWindow', 'colour_uint8', 'mix_halves',
-    'mosaic_of', 'pad_val_why'
+    'FastMixUp', 'FastMosaic', 'MixWindow', 'colour_uint8', 'filled',
+    'mix_halves', 'mosaic_of', 'pad_val_why'
 ]
+
+
+def filled(shape: tuple, value, dtype) -> np.ndarray:
+    """``np.full(shape, value, dtype)``, fast for one value per channel.
+
+    numpy broadcasts a ``(3,)`` fill element by element; filling one row
+    first and copying it down the rows gives the same bytes (the same
+    unsafe cast of each value) in row-sized copies.
+    """
+    values = np.asarray(value)
+    if values.size == 1 or len(shape) != 3 or values.shape[-1:] != (
+            shape[2], ) or values.size != shape[2]:
+        return np.full(shape, value, dtype=dtype)
+    row = np.empty(shape[1:], dtype=dtype)
+    row[...] = values.reshape(-1)
+    out = np.empty(shape, dtype=dtype)
+    out[...] = row
+    return out
 
 
 def colour_uint8(img) -> bool:
@@ -54,7 +73,7 @@ def mosaic_of(t: Mosaic,
     shape = (int(t.img_scale[1] * 2), int(t.img_scale[0] * 2))
     if len(results['img'].shape) == 3:
         shape += (3, )
-    mosaic_img = np.full(shape, t.pad_val, dtype=results['img'].dtype)
+    mosaic_img = filled(shape, t.pad_val, results['img'].dtype)
 
     center_x = int(random.uniform(*t.center_ratio_range) * t.img_scale[0])
     center_y = int(random.uniform(*t.center_ratio_range) * t.img_scale[1])
@@ -67,8 +86,10 @@ def mosaic_of(t: Mosaic,
         img_i = patch['img']
         h_i, w_i = img_i.shape[:2]
         scale_ratio_i = min(t.img_scale[1] / h_i, t.img_scale[0] / w_i)
-        img_i = mmcv.imresize(
-            img_i, (int(w_i * scale_ratio_i), int(h_i * scale_ratio_i)))
+        size = (int(w_i * scale_ratio_i), int(h_i * scale_ratio_i))
+        # OpenCV copies a same-size image as it is; pillow may not
+        if size != (w_i, h_i) or mmcv_io.imread_backend != 'cv2':
+            img_i = mmcv.imresize(img_i, size)
 
         paste_coord, crop_coord = mosaic_combine(t)(loc, center_position,
                                                     img_i.shape[:2][::-1])
@@ -229,9 +250,8 @@ class MixWindow:
         # the canvas dtype and value (float64 for a float pad_val; one
         # value per channel for three)
         one = np.ones((1, 1, 3), dtype=retrieve_img.dtype) * t.pad_val
-        out_img = np.full((t.dynamic_scale[1], t.dynamic_scale[0], 3),
-                          one,
-                          dtype=one.dtype)
+        out_img = filled((t.dynamic_scale[1], t.dynamic_scale[0], 3), one,
+                         one.dtype)
         scale_ratio = min(t.dynamic_scale[1] / retrieve_img.shape[0],
                           t.dynamic_scale[0] / retrieve_img.shape[1])
         retrieve_img = mmcv.imresize(
@@ -255,7 +275,7 @@ class MixWindow:
             self.x_offset = random.randint(0, padded_w - target_w)
         # stock pads the whole canvas (float64, cast to uint8), then crops
         fill = (np.ones((1, 1, 3)) * t.pad_val).astype(np.uint8)
-        self.crop = np.full((target_h, target_w, 3), fill, dtype=np.uint8)
+        self.crop = filled((target_h, target_w, 3), fill, np.uint8)
         rows = max(0, min(target_h, self.origin_h - self.y_offset))
         cols = max(0, min(target_w, self.origin_w - self.x_offset))
         self.crop[:rows, :cols] = out_img[self.y_offset:self.y_offset + rows,
