@@ -17,6 +17,7 @@ from fast_parallel.data.rebuild import install_fast_path, sampler_names
 from fast_parallel.outcome import Outcome
 from fast_parallel.pipeline import switch_pipeline
 from fast_parallel.pipeline.data_bound import DataBoundMonitor
+from fast_parallel.pipeline.refresh import PipelineRefresher
 from fast_parallel.step.foreach_ema import fuse_ema
 from fast_parallel.step.fused_optim import fuse_optim_wrapper
 from fast_parallel.step.targets.switch import switch_targets
@@ -141,6 +142,12 @@ class FastParallelHook(Hook):
                                                     self.fast_pipeline,
                                                     self.cache_inputs,
                                                     forks_workers(loader))
+                    if self.pipeline.done and not any(
+                            isinstance(h, PipelineRefresher)
+                            for h in runner.hooks):
+                        # after any hook that rebuilds the pipeline
+                        runner.register_hook(
+                            PipelineRefresher(self.cache_inputs))
                 self.loaders[kind] = self._install(runner, kind, loop, pin)
                 if kind == 'train' and started and \
                         loop.dataloader is loader and self.pipeline.done:

@@ -599,6 +599,8 @@ def test_a_run_waiting_on_data_says_so_and_what_would_cover_it(
     cfg.train_dataloader.dataset.pipeline.insert(-1, dict(type='SpendCPU'))
     runner = Runner.from_cfg(cfg)
     runner.train()
+    from fast_parallel.pipeline.refresh import PipelineRefresher
+    assert sum(isinstance(h, PipelineRefresher) for h in runner.hooks) == 1
     log = open(f'{runner.log_dir}/{runner.timestamp}.log').read()
     line = next(x for x in log.splitlines() if 'data-bound: epoch 1' in x)
     assert 'not data-bound' not in line, line
@@ -675,3 +677,48 @@ def test_fast_cached_mixes_give_stock_bytes_and_draws(masks):
                                     fast.results_cache) is None
             _set(s_states)
     assert COUNTS['stock: CachedMixUp: not a 3-channel uint8 image'] > 0
+
+
+def test_a_rebuilt_pipeline_is_switched_with_the_same_cache(sample_data):
+    """What ``PipelineSwitchHook`` does (a new ``Compose`` on the dataset),
+    then what the refresher does: the new transforms get the fast classes,
+    the new image load the run's cache, no second cache is made."""
+    from mmcv.transforms import Compose
+    from mmdet.registry import DATASETS
+
+    from fast_parallel.pipeline.cache import FastLoadImageFromFile
+    from fast_parallel.pipeline.colour import FastYOLOXHSVRandomAug
+    from fast_parallel.pipeline.switch import fast_transforms
+    cfg = copy.deepcopy(_train_dataset_cfg(sample_data).dataset)
+    cfg.pipeline += [
+        dict(type='YOLOXHSVRandomAug'),
+        dict(type='PackDetInputs')
+    ]
+    dataset = DATASETS.build(cfg)
+    switch_pipeline(dataset, cache_inputs='auto')
+    first = dataset.pipeline.transforms[0]._fp_cache
+    assert first is not None
+    stage2 = [
+        dict(type='LoadImageFromFile'),
+        dict(type='LoadAnnotations', with_bbox=True),
+        dict(type='YOLOXHSVRandomAug'),
+        dict(type='PackDetInputs')
+    ]
+    dataset.pipeline = Compose(stage2)
+    before = fast_transforms(dataset)
+    line = str(switch_pipeline(dataset, cache_inputs='auto'))
+    assert fast_transforms(dataset) != before
+    load, _, hsv, _ = dataset.pipeline.transforms
+    assert type(load) is FastLoadImageFromFile and load._fp_cache is first
+    assert type(hsv) is FastYOLOXHSVRandomAug
+    assert 'YOLOXHSVRandomAug fast' in line and 'inputs cached' in line
+    # stock's samples from the rebuilt pipeline
+    stock = DATASETS.build(cfg)
+    stock.pipeline = Compose(stage2)
+    np.random.seed(3)
+    for i in range(len(dataset)):
+        (s_kind, s_out, s_states), (f_kind, f_out, f_states) = _run_both(
+            lambda r, i=i: stock[i], lambda r, i=i: dataset[i], None)
+        assert first_difference(s_out, f_out) is None
+        assert _same_states(s_states, f_states)
+        _set(s_states)

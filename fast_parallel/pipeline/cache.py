@@ -186,13 +186,21 @@ def _decoded_size(dataset: Any, load: LoadImageFromFile) -> Any:
     return paths, total
 
 
+def _decode_key(load: LoadImageFromFile) -> tuple:
+    return (load.color_type, load.imdecode_backend, load.to_float32)
+
+
 def install_cache(loads: Sequence[Any], cache_inputs: Optional[str],
                   forked: bool) -> str:
     """Gives each ``(dataset, LoadImageFromFile)`` of ``loads`` a
     :class:`DecodedCache`, where the whole decoded set fits the budget.
 
+    A load on a dataset that has a cache for the same decode flags (a
+    pipeline a hook rebuilt) gets that one.
+
     Args:
-        loads (Sequence[tuple]): The train datasets and their image loads.
+        loads (Sequence[tuple]): The train datasets and their image loads
+            (stock's or fast already).
         cache_inputs (str | None): ``'auto'`` or None (off).
         forked (bool): Whether the DataLoader workers fork from this
             process (a spawned worker cannot map the cache).
@@ -212,19 +220,31 @@ def install_cache(loads: Sequence[Any], cache_inputs: Optional[str],
         return 'inputs not cached (the workers are not forked)'
     plans = []
     for dataset, load in loads:
+        kept = getattr(dataset, '_fp_decoded_cache', None)
+        if type(load) is FastLoadImageFromFile:
+            continue
+        if kept is not None and kept[0] == _decode_key(load):
+            load.__class__ = FastLoadImageFromFile
+            load._fp_cache = kept[1]
+            continue
         found = _decoded_size(dataset, load)
         if isinstance(found, str):
             return f'inputs not cached ({found})'
-        plans.append((load, *found))
-    need = sum(total for _, _, total in plans)
+        plans.append((dataset, load, *found))
+    need = sum(total for *_, total in plans)
     available = available_memory()
     if available is None or need > AUTO_SHARE * available:
         return (f'inputs not cached (the decoded train set needs '
                 f'{_gb(need)}, over {AUTO_SHARE:.0%} of the ' +
                 (f'{_gb(available)} available)'
                  if available else 'memory available, which is unknown)'))
-    for load, paths, total in plans:
+    for dataset, load, paths, total in plans:
         load.__class__ = FastLoadImageFromFile
         load._fp_cache = DecodedCache(paths, total)
-    return (f'inputs cached in shared memory (up to {_gb(need)}; '
+        dataset._fp_decoded_cache = (_decode_key(load), load._fp_cache)
+    held = sum({
+        id(load._fp_cache): load._fp_cache.capacity
+        for _, load in loads
+    }.values())
+    return (f'inputs cached in shared memory (up to {_gb(held)}; '
             f'{_gb(available)} available)')

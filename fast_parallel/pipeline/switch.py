@@ -86,6 +86,14 @@ def _switch_mixer(dataset: Any, stock: Dict[str, str]) -> bool:
     return True
 
 
+def fast_transforms(dataset: Any) -> frozenset:
+    """The ids of the transforms of ``dataset`` that have a fast class."""
+    fast_classes = tuple(SWAPS.values()) + (FastLoadImageFromFile, )
+    return frozenset(
+        id(t) for _, transforms in _pipelines(dataset) for t in transforms
+        if isinstance(t, fast_classes))
+
+
 def switch_pipeline(dataset: Any,
                     enabled: bool = True,
                     cache_inputs: Optional[str] = None,
@@ -118,7 +126,8 @@ def switch_pipeline(dataset: Any,
             fast.append('MultiImageMixDataset')
         for transform in transforms:
             cls = type(transform)
-            if cls is LoadImageFromFile and isinstance(holder, BaseDataset):
+            if cls in (LoadImageFromFile, FastLoadImageFromFile) and \
+                    isinstance(holder, BaseDataset):
                 loads.append((holder, transform))
             if cls in SWAPS.values():
                 fast.append(cls.__base__.__name__)
@@ -128,11 +137,7 @@ def switch_pipeline(dataset: Any,
                 fast.append(cls.__name__)
             elif cls.__name__ in STAYS_STOCK:
                 stock[cls.__name__] = STAYS_STOCK[cls.__name__]
-    cached = any(
-        type(t) is FastLoadImageFromFile
-        for _, transforms in _pipelines(dataset) for t in transforms)
-    cache = 'inputs cached in shared memory' if cached else install_cache(
-        loads, cache_inputs, forked)
+    cache = install_cache(loads, cache_inputs, forked)
     names = list(dict.fromkeys(fast))
     left = ''.join(f'; {name} stock ({why})' for name, why in stock.items())
     if not names:
