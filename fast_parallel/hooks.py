@@ -15,9 +15,7 @@ from fast_parallel.data.collate import packed_config_hint
 from fast_parallel.data.loader import accelerator_available, forks_workers
 from fast_parallel.data.rebuild import install_fast_path, sampler_names
 from fast_parallel.outcome import Outcome
-from fast_parallel.pipeline import switch_pipeline
 from fast_parallel.pipeline.data_bound import DataBoundMonitor
-from fast_parallel.pipeline.refresh import PipelineRefresher
 from fast_parallel.step.foreach_ema import fuse_ema
 from fast_parallel.step.fused_optim import fuse_optim_wrapper
 from fast_parallel.step.targets.switch import switch_targets
@@ -135,6 +133,10 @@ class FastParallelHook(Hook):
                 loop, BaseLoop) else None
             if isinstance(loader, DataLoader):
                 if kind == 'train':
+                    from fast_parallel.pipeline.refresh import \
+                        PipelineRefresher
+                    from fast_parallel.pipeline.switch import switch_pipeline
+
                     # before the loader may be rebuilt and its workers
                     # started again on the same dataset object
                     started = bool(started_iterators(loop, loader))

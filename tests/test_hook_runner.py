@@ -244,8 +244,26 @@ def test_one_line_says_the_fast_path_is_on(kind, workers, fused, runs):
                 ', left stock (nothing to fuse: no two groups share their '
                 'hyper-parameters)')) in summary
     head = runner.model.module.bbox_head
-    assert summary.endswith(f'; targets: {head.fast_target_stats.name} '
-                            'batched')
+    assert f'; targets: {head.fast_target_stats.name} batched; pipeline: ' \
+        in summary
+    pipeline = summary.split('; pipeline: ', 1)[1]  # the line's last part
+    if kind == 'yolox':
+        assert pipeline.startswith(
+            'MultiImageMixDataset, Mosaic, MixUp, YOLOXHSVRandomAug fast; '
+            'RandomAffine stock (no exact faster form); inputs cached in '
+            'shared memory (up to '), pipeline
+    else:
+        assert pipeline == 'stock (no transform with a fast form); inputs ' \
+            'not cached (no LoadImageFromFile)'
+    assert summary.endswith({
+        'yolox':
+        'MultiImageMixDataset, Mosaic, MixUp, YOLOXHSVRandomAug '
+        'fast; RandomAffine stock (no exact faster form); inputs cached in '
+        'shared memory (up to 0.0 GB; ',
+        'pointpillars':
+        'pipeline: stock (no transform with a fast form); '
+        'inputs not cached (no LoadImageFromFile)'
+    }[kind]) or kind == 'yolox' and summary.endswith(' available)'), summary
     # every sample of the epoch took the batched targets, counted, logged
     stats = head.fast_target_stats
     assert stats.calls > 0 and stats.samples >= stats.calls

@@ -12,6 +12,7 @@ pipeline.md``.
 import mmap
 import multiprocessing
 import os
+import weakref
 from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
@@ -186,6 +187,11 @@ def _decoded_size(dataset: Any, load: LoadImageFromFile) -> Any:
     return paths, total
 
 
+#: Each train dataset's cache and the decode flags it was made for, so that
+#: a pipeline rebuilt mid-run gets the same one.
+_KEPT: 'weakref.WeakKeyDictionary[Any, tuple]' = weakref.WeakKeyDictionary()
+
+
 def _decode_key(load: LoadImageFromFile) -> tuple:
     return (load.color_type, load.imdecode_backend, load.to_float32)
 
@@ -220,7 +226,7 @@ def install_cache(loads: Sequence[Any], cache_inputs: Optional[str],
         return 'inputs not cached (the workers are not forked)'
     plans = []
     for dataset, load in loads:
-        kept = getattr(dataset, '_fp_decoded_cache', None)
+        kept = _KEPT.get(dataset)
         if type(load) is FastLoadImageFromFile:
             continue
         if kept is not None and kept[0] == _decode_key(load):
@@ -241,7 +247,7 @@ def install_cache(loads: Sequence[Any], cache_inputs: Optional[str],
     for dataset, load, paths, total in plans:
         load.__class__ = FastLoadImageFromFile
         load._fp_cache = DecodedCache(paths, total)
-        dataset._fp_decoded_cache = (_decode_key(load), load._fp_cache)
+        _KEPT[dataset] = (_decode_key(load), load._fp_cache)
     held = sum({
         id(load._fp_cache): load._fp_cache.capacity
         for _, load in loads
