@@ -16,6 +16,7 @@ from fast_parallel.data.loader import accelerator_available, forks_workers
 from fast_parallel.data.rebuild import install_fast_path, sampler_names
 from fast_parallel.outcome import Outcome
 from fast_parallel.pipeline.data_bound import DataBoundMonitor
+from fast_parallel.pipeline.stats import share_counts, shared_totals
 from fast_parallel.step.foreach_ema import fuse_ema
 from fast_parallel.step.fused_optim import fuse_optim_wrapper
 from fast_parallel.step.targets.switch import switch_targets
@@ -99,6 +100,7 @@ class FastParallelHook(Hook):
         #: Reads data waits and workers' CPU for the data-bound line.
         self.data_bound = DataBoundMonitor()
         self._iters_seen = 0
+        self._pipeline_seen: dict = {}
         #: What the pipeline switch did (an Outcome), once ``before_run``
         #: ran.
         self.pipeline = None
@@ -144,6 +146,10 @@ class FastParallelHook(Hook):
                                                     self.fast_pipeline,
                                                     self.cache_inputs,
                                                     forks_workers(loader))
+                    if self.pipeline.done:
+                        share_counts()  # before the workers fork
+                        # (totals of earlier runs in this process left out)
+                        self._pipeline_seen = shared_totals() or {}
                     if self.pipeline.done and not any(
                             isinstance(h, PipelineRefresher)
                             for h in runner.hooks):
@@ -295,9 +301,19 @@ class FastParallelHook(Hook):
             runner.logger.info(f'FastParallelHook: {line}')
 
     def after_train_epoch(self, runner) -> None:
-        """Logs the epoch's mean transfer figures, target counts and
-        whether it waited on data."""
+        """Logs the epoch's mean transfer figures, target counts, what the
+        fast pipeline did and whether the epoch waited on data."""
         self._report(runner, 'train')
+        totals = shared_totals() if self.enabled else None
+        if totals is not None:
+            done = {
+                k: v - self._pipeline_seen.get(k, 0)
+                for k, v in totals.items()
+            }
+            self._pipeline_seen = totals
+            runner.logger.info(
+                'FastParallelHook: pipeline this epoch (all workers): ' +
+                ', '.join(f'{k} {v}' for k, v in done.items()))
         self._log_data_bound(runner, f'epoch {runner.epoch + 1}')
         for stats in self.target_stats:  # empty unless enabled
             line = stats.pop()

@@ -609,6 +609,24 @@ def test_a_run_waiting_on_data_says_so_and_what_would_cover_it(
     spent = float(line.split('the 1 worker spent ')[1].split(' ms')[0])
     assert spent >= 2 * 1500, line  # two samples of 1.5 s each, at least
     assert 'num_workers=' in line or 'cores present would be needed' in line
+    # what the worker's pipeline did, gathered from it: 8 samples, none of
+    # them stock's way, the user's transform with stock's retry copy, each
+    # load a cache hit or a decode: one a sample in YOLOX's last epochs (the
+    # sample config's only epoch here), else 1 + 3 mosaic + MixUp's, reused
+    done = next(x for x in log.splitlines()
+                if 'pipeline this epoch (all workers): ' in x)
+    figures = dict(
+        part.rsplit(' ', 1)
+        for part in done.split('(all workers): ')[1].split(', '))
+    figures = {k: int(v) for k, v in figures.items()}
+    assert figures['samples'] == 8 and figures['stock'] == 0, done
+    assert figures['stock copy'] == 8
+    loads = figures['cache: hits'] + figures['cache: decoded']
+    if 'No mosaic and mixup aug now!' in log:
+        assert loads == 8 and figures['mix loads reused'] == 0, done
+        assert figures['cache: decoded'] == 8  # the 8 images, once each
+    else:
+        assert loads >= 5 * 8 and figures['mix loads reused'] == 8, done
 
 
 def _with_masks(rng, results, kind):

@@ -18,7 +18,7 @@ from typing import Any, Dict, Optional, Sequence
 import numpy as np
 from mmcv.transforms import LoadImageFromFile
 
-from fast_parallel.pipeline.stats import COUNTS
+from fast_parallel.pipeline.stats import count
 
 __all__ = ['DecodedCache', 'FastLoadImageFromFile', 'available_memory']
 
@@ -93,7 +93,7 @@ class DecodedCache:
         except OSError:
             return None
         if (stat.st_size, stat.st_mtime_ns) != (row[_SIZE], row[_MTIME]):
-            COUNTS['cache: file changed since it was cached'] += 1
+            count('cache: file changed since it was cached')
             return None
         shape = tuple(int(v) for v in row[_SHAPE:_SHAPE + row[_NDIM]])
         start = int(row[_OFFSET])
@@ -113,7 +113,7 @@ class DecodedCache:
                 return
             start = int(self.top[0])
             if start + img.nbytes > self.capacity:
-                COUNTS['cache: full'] += 1
+                count('cache: full')
                 return
             self.top[0] = start + img.nbytes
         self.data[start:start + img.nbytes] = img.reshape(-1).view(np.uint8)
@@ -141,7 +141,7 @@ class FastLoadImageFromFile(LoadImageFromFile):
         filename = results['img_path']
         img = cache.get(filename)
         if img is not None:
-            COUNTS['cache: hits'] += 1
+            count('cache: hits')
             results['img'] = img
             results['img_shape'] = img.shape[:2]
             results['ori_shape'] = img.shape[:2]
@@ -152,7 +152,7 @@ class FastLoadImageFromFile(LoadImageFromFile):
             stat = None
         out = super().transform(results)
         if out is not None and stat is not None:
-            COUNTS['cache: decoded'] += 1
+            count('cache: decoded')
             cache.put(filename, out['img'], stat)
         return out
 

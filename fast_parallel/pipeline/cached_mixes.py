@@ -20,7 +20,7 @@ from numpy import random
 
 from fast_parallel.pipeline.mixes import (MixWindow, colour_uint8, mix_halves,
                                           mosaic_of, pad_val_why)
-from fast_parallel.pipeline.stats import COUNTS
+from fast_parallel.pipeline.stats import count
 
 __all__ = ['FastCachedMixUp', 'FastCachedMosaic']
 
@@ -61,7 +61,7 @@ class FastCachedMixUp(CachedMixUp):
     def transform(self, results: dict) -> dict:
         why = self._why_stock(results)
         if why is not None:
-            COUNTS[f'stock: CachedMixUp: {why}'] += 1
+            count(f'stock: CachedMixUp: {why}')
             return CachedMixUp.transform(self, results)
         return self._fast(results)
 

@@ -12,7 +12,7 @@ import numpy as np
 from mmdet.datasets.transforms import YOLOXHSVRandomAug
 
 from fast_parallel.compat import hsv_gains as hsv_gains_of
-from fast_parallel.pipeline.stats import COUNTS
+from fast_parallel.pipeline.stats import count
 
 __all__ = ['FastYOLOXHSVRandomAug', 'hsv_table']
 
@@ -41,8 +41,8 @@ class FastYOLOXHSVRandomAug(YOLOXHSVRandomAug):
         img = results['img']
         if not (isinstance(img, np.ndarray) and img.dtype == np.uint8
                 and img.ndim == 3 and img.shape[2] == 3):
-            COUNTS['stock: YOLOXHSVRandomAug: not a 3-channel uint8 '
-                   'image'] += 1
+            count('stock: YOLOXHSVRandomAug: not a 3-channel uint8 '
+                  'image')
             return super().transform(results)
         hsv_gains = hsv_gains_of(self)()
         img_hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)

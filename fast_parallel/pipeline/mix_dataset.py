@@ -20,7 +20,7 @@ from mmdet.datasets import MultiImageMixDataset
 from fast_parallel.compat import mix_skip_type_keys
 from fast_parallel.pipeline.copies import (RandomStates, _box_types,
                                            as_deepcopied)
-from fast_parallel.pipeline.stats import COUNTS
+from fast_parallel.pipeline.stats import count
 
 __all__ = ['FastMultiImageMixDataset', 'never_none', 'retries_alike']
 
@@ -66,7 +66,7 @@ class _LoadProbe:
         """The sample at ``index``: the one already loaded, or a new load."""
         last, self.last = self.last, None
         if last is not None and last[0] == index:
-            COUNTS['mix loads reused'] += 1
+            count('mix loads reused')
             return last[1]
         return self.dataset[index]
 
@@ -116,11 +116,11 @@ class FastMultiImageMixDataset(MultiImageMixDataset):
                         'of the dataset and its pipeline.')
                 results = updated
             else:
-                COUNTS[f'stock copy: {transform_type}'] += 1
+                count(f'stock copy: {transform_type}')
                 results = self._stock_retry(transform, results)
             if 'mix_results' in results:
                 results.pop('mix_results')
-        COUNTS['samples'] += 1
+        count('samples')
         return results
 
     def _mix_results(self, transform: Any, boxes: tuple, plain: dict) -> list:

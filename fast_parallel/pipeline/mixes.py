@@ -18,7 +18,7 @@ from mmdet.structures.bbox import autocast_box_type
 from numpy import random
 
 from fast_parallel.compat import mosaic_combine
-from fast_parallel.pipeline.stats import COUNTS
+from fast_parallel.pipeline.stats import count
 
 __all__ = [
     'FastMixUp', 'FastMosaic', 'MixWindow', 'colour_uint8', 'filled',
@@ -158,7 +158,7 @@ class FastMixUp(MixUp):
     def transform(self, results: dict) -> dict:
         why = self._why_stock(results)
         if why is not None:
-            COUNTS[f'stock: MixUp: {why}'] += 1
+            count(f'stock: MixUp: {why}')
             return MixUp.transform(self, results)
         return self._fast(results)
 
