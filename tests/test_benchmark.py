@@ -128,3 +128,28 @@ def test_load_config_adds_the_hook_once():
     assert upstream.custom_imports['imports'][0] == 'fast_parallel'
     with pytest.raises(FileNotFoundError, match='no_such.py'):
         load_config('no_such.py')
+
+
+def test_pipeline_mode_checks_every_sample_and_writes_the_issue_fields(
+        tmp_path, capsys):
+    """--pipeline on the YOLOX-tiny sample: three arms, every sample and
+    its random states equal, the JSON fields the docs name, one line per
+    preset."""
+    out = tmp_path / 'pipeline.json'
+    benchmark.main([
+        '--pipeline', '--quick', '--pipeline-samples', '9', '--json',
+        str(out)
+    ])
+    r = json.loads(out.read_text())['pipeline']['yolox_tiny_sample']
+    for key in ('stock_ms', 'fast_ms', 'fast_cached_ms', 'samples', 'equal'):
+        assert key in r
+    assert r['samples'] == r['equal'] == 9, r['first_difference']
+    assert r['stock_ms'] > 0 and r['fast_ms'] > 0 and r['fast_cached_ms'] > 0
+    assert len(r['spread']) == len(r['cached_spread']) == 3
+    assert 'Mosaic' in r['by_transform']['fast']
+    assert 'inputs cached in shared memory' in r['switch_cached']
+    assert 'inputs not cached (cache_inputs=None)' in r['switch']
+    assert r['counts']['cache: hits'] > 0
+    printed = capsys.readouterr().out
+    assert 'yolox_tiny_sample: stock ' in printed
+    assert '9/9 samples and random states equal' in printed
