@@ -740,3 +740,61 @@ def test_a_rebuilt_pipeline_is_switched_with_the_same_cache(sample_data):
         assert first_difference(s_out, f_out) is None
         assert _same_states(s_states, f_states)
         _set(s_states)
+
+
+# -- inputs a review found (each ran differently once) ---------------------
+
+
+def test_odd_layouts_and_dtypes_go_as_on_stock():
+    """A same-size Mosaic patch that OpenCV's binding would change (one
+    channel kept as a last axis, int64, bool), a Fortran-ordered MixUp
+    image, a malformed mix result: fast gives stock's output or error."""
+    rng = np.random.default_rng(11)
+    np.random.seed(11)
+    mosaic = Mosaic(img_scale=(40, 30))
+    fast_mosaic = copy.deepcopy(mosaic)
+    fast_mosaic.__class__ = FastMosaic
+    for dtype, channels in ((np.uint8, 1), (np.int64, 3), (np.bool_, 3),
+                            (np.uint8, 3)):
+        patches = []
+        for k in range(4):
+            # the 30 x 40 patches are kept at their size (scale 1)
+            img = (rng.integers(0, 2**40, (30, 40, channels)) %
+                   (2 if dtype is np.bool_ else 2**40)).astype(dtype)
+            if k == 0 and channels == 1:
+                img = img[..., 0].astype(dtype)  # a 2-D sample image
+            patch = _results(rng, 30, 40, 2)
+            patch['img'] = img
+            patches.append(patch)
+        results = patches[0]
+        results['mix_results'] = patches[1:]
+        assert_same_run(mosaic, fast_mosaic, results)
+
+    mixup = MixUp(img_scale=(64, 64))
+    fast_mixup = copy.deepcopy(mixup)
+    fast_mixup.__class__ = FastMixUp
+    for _ in range(3):
+        results = _results(rng, 50, 60, 3)
+        results['img'] = np.asfortranarray(results['img'])
+        results['mix_results'] = [_results(rng, 40, 30, 2)]
+        assert_same_run(mixup, fast_mixup, results)
+    results = _results(rng, 50, 60, 3)
+    results['mix_results'] = [None]
+    assert_same_run(mixup, fast_mixup, results)
+
+
+def test_no_retries_and_self_holding_results_as_on_stock(sample_data):
+    from mmdet.registry import DATASETS
+    cfg = _train_dataset_cfg(sample_data)
+    cfg.max_refetch = 0
+    stock, fast = DATASETS.build(copy.deepcopy(cfg)), DATASETS.build(
+        copy.deepcopy(cfg))
+    switch_pipeline(fast)
+    assert_same_run(lambda r: stock[0], lambda r: fast[0], None)
+    with pytest.raises(RuntimeError, match='always return None'):
+        stock[0]
+    loop = dict(a=np.zeros((2, 2))[:, ::-1], b=[1.0])
+    loop['me'] = loop
+    handed = as_deepcopied(loop)
+    assert handed['me'] is handed and handed['a'].flags.owndata
+    assert first_difference(handed['a'], copy.deepcopy(loop)['a']) is None

@@ -51,8 +51,8 @@ def first_difference(a: Any, b: Any, path: str = 'sample') -> Optional[str]:
             return f'{path}: tensors differ'
         return None
     if isinstance(a, np.ndarray):
-        if a.dtype != b.dtype or a.shape != b.shape or \
-                a.tobytes() != b.tobytes():
+        if a.dtype != b.dtype or a.shape != b.shape or a.strides != \
+                b.strides or a.tobytes() != b.tobytes():
             return f'{path}: arrays differ'
         return None
     if isinstance(a, BaseDataElement):

@@ -40,9 +40,10 @@ def as_deepcopied(value: Any,
     A numpy array that owns its C-contiguous data is kept (its deep copy
     would be the same bytes in the same layout); any other array is copied
     with the deep copy's own ``order='K'``. Dicts, lists and tuples are
-    walked. Tensors and boxes keep their storage: a deep copy would give
-    each tensor a copy of its whole storage, with the same strides. Any
-    other object is deep-copied, as stock does.
+    walked. Tensors keep their storage: a deep copy would give each one a
+    copy of its whole storage, with the same strides, shared as before.
+    Boxes (small) and any other object are deep-copied, as stock does; a
+    structure that holds itself is deep-copied whole.
 
     Args:
         value: The results dict (or a part of it) about to be handed to a
@@ -58,7 +59,10 @@ def as_deepcopied(value: Any,
     """
     boxes = _box_types() if boxes is None else boxes
     plain = {} if plain is None else plain
-    return _walk(value, boxes, plain, {}, top=True)[0]
+    try:
+        return _walk(value, boxes, plain, {}, top=True)[0]
+    except RecursionError:  # a structure that holds itself: stock's copy
+        return copy.deepcopy(value)
 
 
 def _walk(value: Any,
@@ -107,7 +111,10 @@ def _walk_new(value: Any, boxes: tuple, plain: Dict[int, Any],
         return walked, all_plain
     if isinstance(value, _PLAIN):
         return value, True
-    if isinstance(value, (torch.Tensor, ) + boxes):
+    if isinstance(value, boxes):
+        # small; their deep copy clones the tensor (storage no longer shared)
+        return copy.deepcopy(value), False
+    if isinstance(value, torch.Tensor):
         return value, False
     return copy.deepcopy(value), False
 

@@ -88,8 +88,8 @@ class FastMultiImageMixDataset(MultiImageMixDataset):
     _fp_fresh = False
 
     def __getitem__(self, idx: int) -> Any:
-        if not self._fp_fresh:
-            return super().__getitem__(idx)
+        if not self._fp_fresh or self.max_refetch <= 0:
+            return super().__getitem__(idx)  # (stock raises without tries)
         boxes = _box_types()
         plain: dict = {}  # containers found plain, for this sample
         results = as_deepcopied(self.dataset[idx], boxes, plain)

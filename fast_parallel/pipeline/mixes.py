@@ -11,7 +11,7 @@ import copy
 from typing import Optional
 
 import mmcv
-import mmcv.image.io as mmcv_io
+import mmcv.image.geometric as mmcv_geometric
 import numpy as np
 from mmdet.datasets.transforms import MixUp, Mosaic
 from mmdet.structures.bbox import autocast_box_type
@@ -42,6 +42,21 @@ def filled(shape: tuple, value, dtype) -> np.ndarray:
     out = np.empty(shape, dtype=dtype)
     out[...] = row
     return out
+
+
+#: The dtypes OpenCV's binding hands ``cv2.resize`` as they are.
+_CV_NATIVE = frozenset(
+    np.dtype(t)
+    for t in (np.uint8, np.int8, np.uint16, np.int16, np.float32, np.float64))
+
+
+def _resize_keeps(img: np.ndarray) -> bool:
+    """Whether ``mmcv.imresize`` of ``img`` to its own size gives ``img``'s
+    bytes, shape and dtype (OpenCV copies a same-size image; its binding
+    casts some dtypes and drops a last axis of 1; pillow may not copy)."""
+    return mmcv_geometric.imread_backend == 'cv2' and \
+        img.dtype in _CV_NATIVE and img.ndim in (2, 3) and \
+        not (img.ndim == 3 and img.shape[2] == 1)
 
 
 def colour_uint8(img) -> bool:
@@ -87,8 +102,7 @@ def mosaic_of(t: Mosaic,
         h_i, w_i = img_i.shape[:2]
         scale_ratio_i = min(t.img_scale[1] / h_i, t.img_scale[0] / w_i)
         size = (int(w_i * scale_ratio_i), int(h_i * scale_ratio_i))
-        # OpenCV copies a same-size image as it is; pillow may not
-        if size != (w_i, h_i) or mmcv_io.imread_backend != 'cv2':
+        if size != (w_i, h_i) or not _resize_keeps(img_i):
             img_i = mmcv.imresize(img_i, size)
 
         paste_coord, crop_coord = mosaic_combine(t)(loc, center_position,
@@ -164,7 +178,8 @@ class FastMixUp(MixUp):
 
     def _why_stock(self, results: dict) -> Optional[str]:
         mix = results.get('mix_results')
-        if not isinstance(mix, list) or len(mix) != 1:
+        if not isinstance(mix, list) or len(mix) != 1 or \
+                not isinstance(mix[0], dict):
             return 'not one mix result'
         if not (colour_uint8(results.get('img'))
                 and colour_uint8(mix[0].get('img'))):
@@ -226,7 +241,7 @@ def mix_halves(ori_img: np.ndarray, crop: np.ndarray) -> np.ndarray:
     """Stock's ``(0.5 * a + 0.5 * b).astype(uint8)`` in float32 for uint8
     images: both halves and their sum are exact, so it is ``(a + b) >> 1``.
     """
-    mixed = ori_img.astype(np.uint16)
+    mixed = ori_img.astype(np.uint16, order='C')  # stock's sum is C-ordered
     mixed += crop
     mixed >>= 1
     return mixed.astype(np.uint8)
