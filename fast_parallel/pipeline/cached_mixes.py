@@ -39,11 +39,8 @@ def _cache_and_pop(t, results: dict) -> None:
 class FastCachedMosaic(CachedMosaic):
     """``CachedMosaic`` without the copies of the picked entries."""
 
-    def transform(self, results: dict) -> dict:
-        return self._fast(results)
-
     @autocast_box_type()
-    def _fast(self, results: dict) -> dict:
+    def transform(self, results: dict) -> dict:
         _cache_and_pop(self, results)
         if len(self.results_cache) <= 4:
             return results

@@ -155,11 +155,8 @@ def mosaic_of(t: Mosaic,
 class FastMosaic(Mosaic):
     """``Mosaic`` that copies each patch's boxes, not its whole results."""
 
-    def transform(self, results: dict) -> dict:
-        return self._fast(results)
-
     @autocast_box_type()
-    def _fast(self, results: dict) -> dict:
+    def transform(self, results: dict) -> dict:
         if random.uniform(0, 1) > self.prob:
             return results
         assert 'mix_results' in results
