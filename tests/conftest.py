@@ -4,10 +4,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
 sys.path.insert(0, TESTS)
+
+from runner_utils import START_THREADS  # noqa: E402
 
 
 def load_tool(name: str):
@@ -24,3 +27,15 @@ def sample_data(tmp_path_factory) -> Path:
     """The sample COCO and KITTI sets, made once per test session."""
     out = tmp_path_factory.getbasetemp() / 'sample'
     return load_tool('make_sample_data').make_sample_data(out)
+
+
+@pytest.fixture(autouse=True)
+def same_cpu_threads():
+    """Every test starts on the CPU thread count the tests started on.
+
+    A test may leave it changed (numba's parallel kernels, e.g. in mmdet3d's
+    KITTI evaluation, set OpenMP's count, which torch reads as its own),
+    and a bit-for-bit comparison of two runs needs both on the same count.
+    """
+    torch.set_num_threads(START_THREADS)
+    yield

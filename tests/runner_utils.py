@@ -4,11 +4,17 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List
 
+import torch
 from mmengine.config import Config
 from mmengine.runner import Runner
 
 import fast_parallel
 from fast_parallel.bench.presets import data_options  # noqa: F401
+
+#: torch's CPU thread count when the tests started; :func:`sample_config`
+#: and every test start on it (``conftest.py``), since a run may change it
+#: (numba's parallel kernels in mmdet3d's KITTI evaluation set numba's).
+START_THREADS = torch.get_num_threads()
 
 #: The tests folder: on PYTHONPATH, subprocess configs import crash_hook.
 TESTS = str(Path(__file__).resolve().parent)
@@ -17,6 +23,9 @@ TESTS = str(Path(__file__).resolve().parent)
 def sample_config(path: str, data: Path, work_dir: Path, fast: bool,
                   **overrides: Any) -> Config:
     """A sample config pointed at ``data``, on the fast or the stock path.
+
+    Also puts torch's CPU thread count back to :data:`START_THREADS`, so
+    that the runs a test compares start on the same count.
 
     Args:
         path (str): The config file.
@@ -30,6 +39,7 @@ def sample_config(path: str, data: Path, work_dir: Path, fast: bool,
     """
     text = Config.fromfile(path).pretty_text.replace('data/sample/',
                                                      str(data) + '/')
+    torch.set_num_threads(START_THREADS)  # the runs compared start alike
     cfg = Config.fromstring(text, '.py')
     cfg.work_dir = str(work_dir)
     cfg.experiment_name = f'{"fast" if fast else "stock"}_{uuid.uuid4().hex}'

@@ -5,7 +5,9 @@ No timing is asserted: speed is reported by the benchmark, not tested.
 import json
 import os.path as osp
 
+import cv2
 import pytest
+import torch
 from conftest import ROOT, load_tool
 
 benchmark = load_tool('benchmark')
@@ -136,10 +138,18 @@ def test_pipeline_mode_checks_every_sample_and_writes_the_issue_fields(
     its random states equal, the JSON fields the docs name, one line per
     preset."""
     out = tmp_path / 'pipeline.json'
-    benchmark.main([
-        '--pipeline', '--quick', '--pipeline-samples', '9', '--json',
-        str(out)
-    ])
+    # the arms run on 1 torch / 0 OpenCV threads; the process's come back
+    cv_before = cv2.getNumThreads()
+    torch.set_num_threads(2)
+    cv2.setNumThreads(2)
+    try:
+        benchmark.main([
+            '--pipeline', '--quick', '--pipeline-samples', '9', '--json',
+            str(out)
+        ])
+        assert torch.get_num_threads() == 2 and cv2.getNumThreads() == 2
+    finally:
+        cv2.setNumThreads(cv_before)
     r = json.loads(out.read_text())['pipeline']['yolox_tiny_sample']
     for key in ('stock_ms', 'fast_ms', 'fast_cached_ms', 'samples', 'equal'):
         assert key in r

@@ -3,6 +3,7 @@ training-order row on an upstream config with a stateful batch sampler."""
 import json
 import os.path as osp
 
+import numba
 import numpy as np
 import pytest
 import torch
@@ -43,6 +44,13 @@ def parity_options(kind, root):
 @pytest.mark.parametrize('kind', ['yolox', 'pointpillars'])
 def test_parity_identical_with_eval(kind, sample_data, tmp_path, capsys):
     out = tmp_path / 'report.json'
+    # PointPillars on another CPU thread count than numba's: the stock run's
+    # KITTI evaluation (numba, parallel=True) sets torch's count to numba's,
+    # and the fast run must still start on the count stock started on
+    threads = 1 if numba.config.NUMBA_NUM_THREADS > 1 else 2
+    if kind == 'pointpillars':
+        torch.set_num_threads(threads)
+    start = torch.get_num_threads()
     code = parity.main([
         CONFIGS[kind], '--iters', '2', '--eval', '--out',
         str(out), '--work-dir',
@@ -51,7 +59,16 @@ def test_parity_identical_with_eval(kind, sample_data, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert 'result: IDENTICAL' in printed
+    assert torch.get_num_threads() == start
     report = json.loads(out.read_text())
+    if kind == 'pointpillars':
+        note = (f'note: the stock run left torch at '
+                f'{numba.config.NUMBA_NUM_THREADS} CPU threads')
+        assert note in printed and (f'the fast run started at {threads}, '
+                                    'as the stock run did') in printed
+        assert len(report['notes']) == 1
+    else:
+        assert report['notes'] == [] and 'note: ' not in printed
     assert report['ok'] is True
     whats = [r['what'] for r in report['rows']]
     assert 'iter 2 loss' in whats and 'iter 2 grad_norm' in whats

@@ -127,6 +127,8 @@ def main(argv=None) -> int:
           f'{" + validation" if args.eval else ""}, atol={args.atol:g}\n')
     print(format_table(rows))
     print(f'\n{grad_norm_note(result["records"]["stock"])}')
+    for line in result['notes']:
+        print(f'note: {line}')
     # rows whose values differ by design (packed batches) are no values
     values = [r for r in rows if not r.get('by_design')]
     different = sum(not r['same'] for r in values)
@@ -152,6 +154,7 @@ def main(argv=None) -> int:
             seed=args.seed,
             ok=ok,
             verdict=result['verdict'],
+            notes=result['notes'],
             order=order,
             rows=rows,
             **{

@@ -140,6 +140,9 @@ def compare_pipelines(cfg: Any,
                       rounds: int = 10) -> dict:
     """Stock and fast train pipelines of ``cfg``, sample by sample.
 
+    Each arm runs as a DataLoader worker does, on one torch and no OpenCV
+    thread; the process's thread counts are put back on return.
+
     Args:
         cfg (Config): A config (its ``train_dataloader.dataset``).
         samples (int): Samples per arm. Defaults to 200.
@@ -158,12 +161,22 @@ def compare_pipelines(cfg: Any,
         ``by_transform`` (ms per sample by transform, per arm) and
         ``counts`` (:data:`fast_parallel.pipeline.COUNTS`).
     """
+    threads, cv_threads = torch.get_num_threads(), cv2.getNumThreads()
+    torch.set_num_threads(1)
+    cv2.setNumThreads(0)
+    try:
+        return _compare(cfg, samples, seed, rounds)
+    finally:
+        torch.set_num_threads(threads)
+        cv2.setNumThreads(cv_threads)
+
+
+def _compare(cfg: Any, samples: int, seed: int, rounds: int) -> dict:
+    """:func:`compare_pipelines` on the threads it set."""
     from mmengine.registry import DATASETS, init_default_scope
 
     from fast_parallel.pipeline import COUNTS, switch_pipeline
     init_default_scope(cfg.get('default_scope', 'mmdet'))
-    torch.set_num_threads(1)
-    cv2.setNumThreads(0)
     arms = {}
     for name in ARMS:
         # from the same random states: a dataset may draw while it is built

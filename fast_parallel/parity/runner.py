@@ -10,7 +10,7 @@ import copy
 import os
 import os.path as osp
 import uuid
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import torch
 from mmengine.config import Config
@@ -173,6 +173,44 @@ def parity_config(cfg: Config, path: str, iters: int, evaluate: bool,
     return cfg
 
 
+@contextlib.contextmanager
+def same_cpu_threads(notes: List[str]) -> Iterator[Callable[[str], None]]:
+    """Starts every run of a block at the CPU thread count of its start.
+
+    A run can change torch's intra-op thread count for the rest of the
+    process: numba's parallel kernels (``parallel=True``, e.g. mmdet3d's
+    KITTI overlaps) set OpenMP's count, which torch reads as its own. A
+    second run would then compute on another count, and a CPU reduction
+    split another way can round differently. The block yields
+    ``start_run(path)``, which puts the count back before a run and adds a
+    line to ``notes`` when it had changed; on exit the count is put back.
+
+    Args:
+        notes (list[str]): Gets one line per count put back.
+
+    Yields:
+        callable: ``start_run(path)``, called before each run.
+    """
+    threads = torch.get_num_threads()
+    previous: List[str] = []
+
+    def start_run(path: str) -> None:
+        now = torch.get_num_threads()
+        if now != threads:
+            notes.append(
+                f'the {previous[-1]} run left torch at {now} CPU threads '
+                f'(numba\'s parallel kernels, e.g. mmdet3d\'s KITTI '
+                f'evaluation, set them); the {path} run started at '
+                f'{threads}, as the {previous[0]} run did')
+            torch.set_num_threads(threads)
+        previous.append(path)
+
+    try:
+        yield start_run
+    finally:
+        torch.set_num_threads(threads)
+
+
 def run_once(cfg: Config, progress: Optional[Any] = None) -> dict:
     """Trains (and validates) one parity run.
 
@@ -216,6 +254,9 @@ def run_parity(cfg: Config,
                capture_output: bool = True) -> dict:
     """Trains the stock run, then the fast run, and compares them.
 
+    Both runs start at the CPU thread count torch had on entry
+    (:func:`same_cpu_threads`), which is also what torch has on return.
+
     Args:
         cfg (Config): Any mmdet / mmdet3d config, fast or not.
         iters (int): Training iterations per run.
@@ -243,19 +284,22 @@ def run_parity(cfg: Config,
         ``ok``.
     """
     cuda_determinism(deterministic)  # tools/parity.py says it set it
-    records = {}
-    for path in PATHS:
-        run_cfg = parity_config(cfg, path, iters, evaluate, work_dir, seed,
-                                deterministic, fast_hooks)
-        tick = None if progress is None else (lambda path=path: progress(path))
-        os.makedirs(run_cfg.work_dir, exist_ok=True)
-        with contextlib.ExitStack() as stack:
-            if capture_output:
-                log = stack.enter_context(
-                    open(osp.join(run_cfg.work_dir, 'output.log'), 'w'))
-                stack.enter_context(contextlib.redirect_stdout(log))
-                stack.enter_context(contextlib.redirect_stderr(log))
-            records[path] = run_once(run_cfg, progress=tick)
+    records, notes = {}, []
+    with same_cpu_threads(notes) as start_run:
+        for path in PATHS:
+            run_cfg = parity_config(cfg, path, iters, evaluate, work_dir, seed,
+                                    deterministic, fast_hooks)
+            tick = None if progress is None else (
+                lambda path=path: progress(path))
+            os.makedirs(run_cfg.work_dir, exist_ok=True)
+            start_run(path)
+            with contextlib.ExitStack() as stack:
+                if capture_output:
+                    log = stack.enter_context(
+                        open(osp.join(run_cfg.work_dir, 'output.log'), 'w'))
+                    stack.enter_context(contextlib.redirect_stdout(log))
+                    stack.enter_context(contextlib.redirect_stderr(log))
+                records[path] = run_once(run_cfg, progress=tick)
     rows = compare(records['stock'], records['fast'], atol)
     order = next(r for r in rows if r['what'] == ORDER_ROW)
     result = verdict(rows)
@@ -264,4 +308,5 @@ def run_parity(cfg: Config,
         rows=rows,
         order=order,
         verdict=result,
-        ok=result == 'IDENTICAL')
+        ok=result == 'IDENTICAL',
+        notes=notes)
