@@ -373,3 +373,38 @@ def test_supported() -> None:
             neg_iou_thr=0.4,
             iou_calculator=dict(type='BboxOverlaps2D', dtype='fp16')))
     assert 'BboxOverlaps2D' in max_iou.supported(fp16)
+
+
+def test_image_without_anchor_decided_on_the_host_without_border_check(
+) -> None:
+    """Without a border check the flags stock assigns by are the valid flags
+    of each ``pad_shape``: whether an image has none is read on the host (no
+    ``.item()``), and agrees with the flags themselves, also for pad shapes
+    that leave a level, or every level, without a valid row or column. With
+    a border check one host copy decides."""
+    from fast_parallel.compat import ITEM_OP
+    from fast_parallel.step.targets.max_iou import _image_without_anchor
+    rng = random.Random(0)
+    for which, config in (('retina', RETINA), ('rpn', FASTER)):
+        for border in (-1, 0):
+            head = _build(config, which, allowed_border=border)
+            for case in range(20):
+                height, width = 32 * rng.randint(2, 6), 32 * rng.randint(2, 6)
+                strides = [s[0] for s in head.prior_generator.strides]
+                sizes = [(height // s, width // s) for s in strides]
+                metas = []
+                for _ in range(rng.randint(1, 3)):
+                    pad = (rng.choice([0, 1, 5, 17,
+                                       height]), rng.choice([0, 3, 33, width]))
+                    metas.append(dict(pad_shape=pad, img_shape=pad))
+                anchors = torch.cat(
+                    head.prior_generator.grid_priors(sizes, device='cpu'))
+                inside = inside_flags(head, anchors, sizes, metas)
+                if inside is None:  # every prior valid: nothing to decide
+                    assert border < 0
+                    continue
+                expected = not bool(inside.any(1).all())
+                with OpCounter() as counter:
+                    got = _image_without_anchor(head, inside, sizes, metas)
+                assert got is expected, (which, border, metas)
+                assert counter.ops[ITEM_OP] == (0 if border < 0 else 1)

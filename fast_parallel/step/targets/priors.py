@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ['inside_flags']
+__all__ = ['inside_flags', 'image_without_prior_on_host']
 
 
 def _all_valid(head: Any, featmap_sizes: Sequence, pad_shape: tuple) -> bool:
@@ -26,6 +26,42 @@ def _all_valid(head: Any, featmap_sizes: Sequence, pad_shape: tuple) -> bool:
                 or min(int(np.ceil(w / stride_w)), feat_w) != feat_w):
             return False
     return True
+
+
+def image_without_prior_on_host(head: Any, featmap_sizes: Sequence,
+                                metas: Sequence[dict]) -> Optional[bool]:
+    """Whether an image of the batch has no prior to assign, if the host
+    knows.
+
+    Without a border check (``allowed_border < 0``) the flags stock assigns
+    by are ``valid_flags`` of each ``pad_shape``, which the host computes:
+    an image has none where no level has a valid row and column (as
+    :func:`_valid_flags` finds them). With a border check the priors'
+    coordinates decide, on the device: None.
+
+    Args:
+        head: A dense head (``prior_generator``, ``train_cfg``).
+        featmap_sizes (Sequence): Feature map size per level.
+        metas (Sequence[dict]): ``pad_shape`` per image.
+
+    Returns:
+        bool | None: True / False where known on the host, else None.
+    """
+    if head.train_cfg['allowed_border'] >= 0:
+        return None
+    generator = head.prior_generator
+
+    def has_prior(pad_shape: tuple) -> bool:
+        h, w = pad_shape[:2]
+        return any(
+            min(int(np.ceil(h / stride_h)), feat_h) > 0
+            and min(int(np.ceil(w / stride_w)), feat_w) > 0 and base > 0
+            for (feat_h, feat_w), (stride_w, stride_h), base in zip(
+                featmap_sizes, generator.strides, generator.num_base_priors))
+
+    return not all(
+        has_prior(pad) for pad in {tuple(m['pad_shape'][:2])
+                                   for m in metas})
 
 
 def _valid_flags(head: Any, featmap_sizes: Sequence,

@@ -22,7 +22,8 @@ from fast_parallel.step.targets.max_iou.sampling import sampler_reason
 from fast_parallel.step.targets.max_iou.targets import (anchor_head_targets,
                                                         assigner_reason,
                                                         batch_reason)
-from fast_parallel.step.targets.priors import inside_flags
+from fast_parallel.step.targets.priors import (image_without_prior_on_host,
+                                               inside_flags)
 from fast_parallel.step.targets.stock_way import batch_targets
 
 
@@ -71,12 +72,19 @@ def _ignores_without_boxes(ignores: Optional[Sequence[Any]]) -> bool:
         i is not None and not hasattr(i, 'bboxes') for i in ignores or ())
 
 
-def _image_without_anchor(inside: Optional[Tensor]) -> bool:
-    """Whether an image has no anchor inside it (``allowed_border >= 0``):
-    stock's ``_get_targets_single`` raises its ``ValueError`` there, so the
-    batch goes stock's way and raises it. One host copy, only where
-    ``inside`` exists (mmdet's RetinaNet and RPN configs use -1)."""
-    return inside is not None and not bool(inside.any(1).all())
+def _image_without_anchor(self: Any, inside: Optional[Tensor],
+                          featmap_sizes: list, metas: List[dict]) -> bool:
+    """Whether an image has no anchor to assign: stock's
+    ``_get_targets_single`` raises its ``ValueError`` there, so the batch
+    goes stock's way and raises it. Decided on the host where it can be
+    (``allowed_border < 0``, as in mmdet's RetinaNet and RPN configs), else
+    by one host copy, only where ``inside`` exists."""
+    if inside is None:
+        return False
+    known = image_without_prior_on_host(self, featmap_sizes, metas)
+    if known is not None:
+        return known
+    return not bool(inside.any(1).all())
 
 
 def _targets(self: Any, featmap_sizes: list, device: torch.device,
@@ -95,7 +103,8 @@ def _targets(self: Any, featmap_sizes: list, device: torch.device,
         if batched:
             inside = inside_flags(self, anchors, featmap_sizes,
                                   batch_img_metas)
-            batched = not _image_without_anchor(inside)
+            batched = not _image_without_anchor(self, inside, featmap_sizes,
+                                                batch_img_metas)
         if batched:
             targets, results = anchor_head_targets(
                 self, anchors, inside, [a.shape[0] for a in mlvl_anchors],
