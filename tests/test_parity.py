@@ -1,7 +1,10 @@
 """tools/parity.py on both small configs, its failure detection, and the
 training-order row on an upstream config with a stateful batch sampler."""
 import json
+import os
 import os.path as osp
+import subprocess
+import sys
 
 import numba
 import numpy as np
@@ -11,7 +14,7 @@ from conftest import load_tool
 from mmengine.config import Config
 from mmengine.dataset import pseudo_collate
 from mmengine.utils import get_installed_path
-from models import CONFIGS
+from models import CONFIGS, ROOT
 from runner_utils import data_options
 
 from fast_parallel import packed_collate
@@ -20,7 +23,8 @@ from fast_parallel.parity.recorder import (ParityRecorderHook,
                                            batch_sample_ids, params_checksum)
 from fast_parallel.parity.report import (ORDER_ROW, compare, format_table,
                                          verdict)
-from fast_parallel.parity.runner import parity_config, run_once
+from fast_parallel.parity.runner import (parity_config, run_once,
+                                         same_cpu_threads)
 
 parity = load_tool('parity')
 
@@ -41,31 +45,49 @@ def parity_options(kind, root):
     return options
 
 
+def run_parity_tool(kind, args, threads):
+    """tools/parity.py in a new process whose torch starts on ``threads``
+    CPU threads (numba's first parallel launch in a process sets OpenMP's
+    count, which torch reads, to numba's: only a new process shows it)."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    done = subprocess.run(
+        [sys.executable, 'tools/parity.py', CONFIGS[kind], *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env)
+    return done.returncode, done.stdout + done.stderr
+
+
 @pytest.mark.parametrize('kind', ['yolox', 'pointpillars'])
 def test_parity_identical_with_eval(kind, sample_data, tmp_path, capsys):
     out = tmp_path / 'report.json'
-    # PointPillars on another CPU thread count than numba's: the stock run's
-    # KITTI evaluation (numba, parallel=True) sets torch's count to numba's,
-    # and the fast run must still start on the count stock started on
-    threads = 1 if numba.config.NUMBA_NUM_THREADS > 1 else 2
-    if kind == 'pointpillars':
-        torch.set_num_threads(threads)
-    start = torch.get_num_threads()
-    code = parity.main([
-        CONFIGS[kind], '--iters', '2', '--eval', '--out',
+    args = [
+        '--iters', '2', '--eval', '--out',
         str(out), '--work-dir',
         str(tmp_path), '--cfg-options', *parity_options(kind, sample_data)
-    ])
-    printed = capsys.readouterr().out
+    ]
+    if kind == 'pointpillars':
+        # on another CPU thread count than numba's: the stock run's KITTI
+        # evaluation (numba, parallel=True) sets torch's count to numba's,
+        # and the fast run must still start on the count stock started on
+        threads = 1 if numba.config.NUMBA_NUM_THREADS > 1 else 2
+        code, printed = run_parity_tool(kind, args, threads)
+    else:
+        start = torch.get_num_threads()
+        code = parity.main([CONFIGS[kind], *args])
+        printed = capsys.readouterr().out
+        assert torch.get_num_threads() == start
     assert code == 0, printed
     assert 'result: IDENTICAL' in printed
-    assert torch.get_num_threads() == start
     report = json.loads(out.read_text())
     if kind == 'pointpillars':
         note = (f'note: the stock run left torch at '
                 f'{numba.config.NUMBA_NUM_THREADS} CPU threads')
         assert note in printed and (f'the fast run started at {threads}, '
-                                    'as the stock run did') in printed
+                                    'as the stock run did') in printed, \
+            printed[-3000:]
         assert len(report['notes']) == 1
     else:
         assert report['notes'] == [] and 'note: ' not in printed
@@ -379,3 +401,24 @@ def test_amp_parity_on_cuda(sample_data, tmp_path, capsys):
 def test_amp_parity_without_gpu_is_a_clear_error():
     with pytest.raises(SystemExit, match='--amp needs a GPU'):
         parity.main([CONFIGS['yolox'], '--iters', '1', '--amp'])
+
+
+def test_each_run_starts_on_the_thread_count_of_the_start():
+    """What a run leaves (numba's first launch sets OpenMP's count) is put
+    back before the next run and on exit, with a note naming it."""
+    start = torch.get_num_threads()
+    other = 1 if start > 1 else 2
+    notes = []
+    with same_cpu_threads(notes) as start_run:
+        start_run('stock')
+        assert notes == []
+        torch.set_num_threads(other)
+        start_run('fast')
+        assert torch.get_num_threads() == start
+        torch.set_num_threads(other)
+    assert torch.get_num_threads() == start
+    assert notes == [
+        f'the stock run left torch at {other} CPU threads (numba\'s '
+        f'parallel kernels, e.g. mmdet3d\'s KITTI evaluation, set them); '
+        f'the fast run started at {start}, as the stock run did'
+    ]
