@@ -9,10 +9,13 @@ from typing import Any
 
 from fast_parallel.pipeline.stats import COUNTS
 
-__all__ = ['COUNTS', 'NEVER_NONE', 'STAYS_STOCK', 'SWAPS', 'switch_pipeline']
+__all__ = [
+    'COUNTS', 'LAZY_SWAPS', 'NEVER_NONE', 'STAYS_STOCK', 'SWAPS',
+    'switch_pipeline'
+]
 
 _FROM_SWITCH = frozenset(
-    {'NEVER_NONE', 'STAYS_STOCK', 'SWAPS', 'switch_pipeline'})
+    {'LAZY_SWAPS', 'NEVER_NONE', 'STAYS_STOCK', 'SWAPS', 'switch_pipeline'})
 
 
 def __getattr__(name: str) -> Any:

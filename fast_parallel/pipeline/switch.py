@@ -6,6 +6,7 @@ its fast class and a ``MultiImageMixDataset`` whose wrapped items are fresh
 the fast wrapper, on those instances only. Everything else stays stock, and
 the start line names it with the reason.
 """
+import importlib
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from mmcv.transforms import LoadImageFromFile
@@ -21,7 +22,8 @@ from fast_parallel.pipeline.mix_dataset import FastMultiImageMixDataset
 from fast_parallel.pipeline.mixes import FastMixUp, FastMosaic
 
 __all__ = [
-    'NEVER_NONE', 'RETRIES_ALIKE', 'STAYS_STOCK', 'SWAPS', 'switch_pipeline'
+    'LAZY_SWAPS', 'NEVER_NONE', 'RETRIES_ALIKE', 'STAYS_STOCK', 'SWAPS',
+    'switch_pipeline'
 ]
 
 #: Stock transform class (exact, by name) -> its fast form.
@@ -31,6 +33,12 @@ SWAPS: Dict[str, type] = {
     'YOLOXHSVRandomAug': FastYOLOXHSVRandomAug,
     'CachedMosaic': FastCachedMosaic,
     'CachedMixUp': FastCachedMixUp,
+}
+
+#: Stock transform class (exact, by name) -> ``'module:class'`` of its fast
+#: form, imported only when a dataset holds one: the 3D forms import mmdet3d.
+LAZY_SWAPS: Dict[str, str] = {
+    'ObjectSample': 'fast_parallel.pipeline.object_sample:FastObjectSample',
 }
 
 #: Transforms left stock on purpose, and why (the start line says it).
@@ -51,6 +59,20 @@ NEVER_NONE = frozenset({
 #: without a random draw (read in mmdet 3.3.0): stock's retries of one
 #: would all give None, so the wrapper raises stock's error at once.
 RETRIES_ALIKE = frozenset({'FilterAnnotations'})
+
+
+def _fast_form(cls: type) -> Optional[Tuple[str, type]]:
+    """(stock name, fast class) where ``cls`` is a covered stock class or
+    its fast form, else None; a lazy form is imported on its stock name."""
+    base = cls.__base__
+    for name in (cls.__name__, ) + (() if base is None else (base.__name__, )):
+        fast = SWAPS.get(name)
+        if fast is None and name in LAZY_SWAPS:
+            module, attr = LAZY_SWAPS[name].split(':')
+            fast = getattr(importlib.import_module(module), attr)
+        if fast is not None and (fast is cls or fast.__base__ is cls):
+            return name, fast
+    return None
 
 
 def _pipelines(dataset: Any) -> Iterator[Tuple[Any, List[Any]]]:
@@ -88,10 +110,14 @@ def _switch_mixer(dataset: Any, stock: Dict[str, str]) -> bool:
 
 def fast_transforms(dataset: Any) -> frozenset:
     """The ids of the transforms of ``dataset`` that have a fast class."""
-    fast_classes = tuple(SWAPS.values()) + (FastLoadImageFromFile, )
     return frozenset(
         id(t) for _, transforms in _pipelines(dataset) for t in transforms
-        if isinstance(t, fast_classes))
+        if type(t) is FastLoadImageFromFile or _is_fast(type(t)))
+
+
+def _is_fast(cls: type) -> bool:
+    form = _fast_form(cls)
+    return form is not None and form[1] is cls
 
 
 def switch_pipeline(dataset: Any,
@@ -129,12 +155,12 @@ def switch_pipeline(dataset: Any,
             if cls in (LoadImageFromFile, FastLoadImageFromFile) and \
                     isinstance(holder, BaseDataset):
                 loads.append((holder, transform))
-            if cls in SWAPS.values():
-                fast.append(cls.__base__.__name__)
-            elif cls.__name__ in SWAPS and \
-                    SWAPS[cls.__name__].__base__ is cls:
-                transform.__class__ = SWAPS[cls.__name__]
-                fast.append(cls.__name__)
+            form = _fast_form(cls)
+            if form is not None:
+                transform.__class__ = form[1]
+                fast.append(form[0])
+                if hasattr(transform, 'switch_parts'):
+                    stock.update(transform.switch_parts())
             elif cls.__name__ in STAYS_STOCK:
                 stock[cls.__name__] = STAYS_STOCK[cls.__name__]
     cache = install_cache(loads, cache_inputs, forked)
