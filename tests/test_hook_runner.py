@@ -253,16 +253,15 @@ def test_one_line_says_the_fast_path_is_on(kind, workers, fused, runs):
             'RandomAffine stock (no exact faster form); inputs cached in '
             'shared memory (up to '), pipeline
     else:
-        assert pipeline == 'stock (no transform with a fast form); inputs ' \
-            'not cached (no LoadImageFromFile)'
+        assert pipeline == 'ObjectSample fast; inputs not cached (no ' \
+            'LoadImageFromFile)'
     assert summary.endswith({
         'yolox':
         'MultiImageMixDataset, Mosaic, MixUp, YOLOXHSVRandomAug '
         'fast; RandomAffine stock (no exact faster form); inputs cached in '
         'shared memory (up to 0.0 GB; ',
         'pointpillars':
-        'pipeline: stock (no transform with a fast form); '
-        'inputs not cached (no LoadImageFromFile)'
+        'pipeline: ObjectSample fast; inputs not cached (no LoadImageFromFile)'
     }[kind]) or kind == 'yolox' and summary.endswith(' available)'), summary
     # every sample of the epoch took the batched targets, counted, logged
     stats = head.fast_target_stats

@@ -90,8 +90,12 @@ def test_3d_pipelines_give_stock_samples_and_draws(sample_data, preset):
         load_preset(preset, sample_data), samples=12, rounds=3)
     assert report['first_difference'] is None, report['first_difference']
     assert report['equal'] == 12
-    assert report['switch'].startswith('pipeline: ObjectSample fast'), \
-        report['switch']
+    assert report['switch'].startswith({
+        'pointpillars':
+        'pipeline: ObjectSample fast',
+        'centerpoint_pillar':
+        'pipeline: LoadPointsFromMultiSweeps, ObjectSample fast'
+    }[preset]), report['switch']
     assert not any(k.startswith('stock: ') for k in report['counts'])
 
 
@@ -257,3 +261,181 @@ def test_sample_all_leaves_the_database_as_it_was(sample_data):
         for a, b in zip(infos, before[name]):
             assert a.keys() == b.keys()
             assert a['box3d_lidar'].tobytes() == b['box3d_lidar'].tobytes()
+
+
+# -- LoadPointsFromMultiSweeps ----------------------------------------------
+
+
+def _sweeps_results(rng, tmp_path, n_sweeps, load_dim):
+    sweeps = []
+    for k in range(n_sweeps):
+        cloud = rng.uniform(
+            -3, 3, (int(rng.choice([0, 1, 300])), load_dim)).astype(np.float32)
+        path = tmp_path / f'sweep{k}.bin'
+        cloud.tofile(path)
+        pose = np.eye(4)
+        pose[:3, :3] = rng.normal(size=(3, 3))
+        pose[:3, 3] = rng.normal(size=3)
+        sweeps.append(
+            dict(
+                timestamp=float(rng.uniform(0, 1)),
+                lidar_points=dict(
+                    lidar_path=str(path), lidar2sensor=pose.tolist())))
+    points = rng.uniform(
+        -3, 3, (int(rng.choice([0, 5, 400])), load_dim)).astype(np.float32)
+    return dict(
+        points=LiDARPoints(points, load_dim, dict(intensity=3)),
+        timestamp=1.5,
+        lidar_sweeps=sweeps)
+
+
+@pytest.mark.parametrize('case', range(30))
+def test_sweeps_are_stocks(case, tmp_path):
+    import copy
+
+    from mmdet3d.datasets.transforms import LoadPointsFromMultiSweeps
+
+    from fast_parallel.pipeline.sweeps import FastLoadPointsFromMultiSweeps
+    rng = np.random.default_rng(case)
+    load_dim = int(rng.choice([5, 6]))
+    use_dim = [[0, 1, 2, 4], [0, 1, 2, 3, 4], [4, 3, 0], 5][case % 4]
+    if isinstance(use_dim, int):
+        use_dim = min(use_dim, load_dim)
+    kwargs = dict(
+        sweeps_num=int(rng.choice([1, 3, 10])),
+        load_dim=load_dim,
+        use_dim=use_dim,
+        remove_close=bool(case % 3 == 0),
+        test_mode=bool(case % 5 == 0))
+    results = _sweeps_results(rng, tmp_path, int(rng.choice([0, 2, 6])),
+                              load_dim)
+    stock = LoadPointsFromMultiSweeps(**kwargs)
+    fast = LoadPointsFromMultiSweeps(**kwargs)
+    fast.__class__ = FastLoadPointsFromMultiSweeps
+    start = np.random.get_state()
+    outs = []
+    for transform in (stock, fast):
+        np.random.set_state(start)
+        outs.append((transform(copy.deepcopy(results))['points'],
+                     np.random.get_state()[1].copy()))
+    assert _same_points(outs[0][0], outs[1][0]), case
+    assert np.array_equal(outs[0][1], outs[1][1])
+
+
+def test_sweeps_without_a_covered_input_go_stocks_way(tmp_path):
+    import copy
+
+    from mmdet3d.datasets.transforms import LoadPointsFromMultiSweeps
+
+    from fast_parallel.pipeline.sweeps import FastLoadPointsFromMultiSweeps
+    rng = np.random.default_rng(3)
+    results = _sweeps_results(rng, tmp_path, 3, 5)
+    del results['lidar_sweeps']
+    stock = LoadPointsFromMultiSweeps(sweeps_num=2, pad_empty_sweeps=True)
+    fast = LoadPointsFromMultiSweeps(sweeps_num=2, pad_empty_sweeps=True)
+    fast.__class__ = FastLoadPointsFromMultiSweeps
+    COUNTS.clear()
+    assert _same_points(
+        stock(copy.deepcopy(results))['points'],
+        fast(copy.deepcopy(results))['points'])
+    assert COUNTS == {'stock: LoadPointsFromMultiSweeps: no lidar_sweeps': 1}
+    # sweeps of another width than the cloud: stock's error
+    wide = _sweeps_results(rng, tmp_path, 3, 5)
+    wide['points'] = LiDARPoints(np.ones((9, 6), np.float32), 6)
+    errors = []
+    for transform in (stock, fast):
+        with pytest.raises(AssertionError) as error:
+            transform(copy.deepcopy(wide))
+        errors.append(str(error.value))
+    assert errors[0] == errors[1] and 'dimension' in errors[0]
+
+
+# -- ObjectSample.transform's own paths -----------------------------------
+
+
+def _object_samples(sample_data, **kwargs):
+    import copy
+
+    from mmdet3d.registry import TRANSFORMS
+    from mmdet3d.utils import register_all_modules
+    register_all_modules(init_default_scope=False)
+    cfg = load_preset('pointpillars', sample_data).train_dataloader.dataset
+    step = copy.deepcopy(
+        next(t for t in cfg.dataset.pipeline if t['type'] == 'ObjectSample'))
+    step.update(kwargs)
+    np.random.seed(0)
+    stock = TRANSFORMS.build(copy.deepcopy(step))
+    np.random.seed(0)
+    fast = TRANSFORMS.build(copy.deepcopy(step))
+    fast.__class__ = FastObjectSample
+    assert fast.switch_parts() == {}
+    return stock, fast
+
+
+def _scene(rng, points_class=LiDARPoints, dims=4):
+    from mmdet3d.structures import LiDARInstance3DBoxes
+    boxes = np.array([[10.0, 2.0, -1.6, 3.9, 1.6, 1.5, 0.3]], np.float32)
+    return dict(
+        points=points_class(
+            rng.uniform(-20, 40, (3000, dims)).astype(np.float32), dims),
+        gt_bboxes_3d=LiDARInstance3DBoxes(boxes),
+        gt_labels_3d=np.zeros(1, np.int64),
+        plane=np.array([0.0, 0.0, 1.0, 1.7]))
+
+
+def _outcome(transform, results):
+    import copy
+    try:
+        out = transform(copy.deepcopy(results))
+    except Exception as error:  # stock's error must be fast's
+        return ('raised', f'{type(error).__name__}: {error}')
+    return ('ok', out)
+
+
+@pytest.mark.parametrize('options', [
+    dict(),
+    dict(use_ground_plane=True),
+    dict(sample_2d=True),
+    dict(use_ground_plane=True, drop_plane=True),
+    dict(points_class='DepthPoints'),
+    dict(dims=5)
+])
+def test_object_sample_paths_are_stocks(sample_data, options):
+    """Ground plane on and missing, sample_2d, a scene of another points
+    class or width than the database's: stock's output or error."""
+    from mmdet3d.structures.points import DepthPoints
+
+    from fast_parallel.bench.pipeline import first_difference
+    options = dict(options)
+    drop = options.pop('drop_plane', False)
+    points_class = {
+        'DepthPoints': DepthPoints
+    }.get(options.pop('points_class', None), LiDARPoints)
+    dims = options.pop('dims', 4)
+    stock, fast = _object_samples(sample_data, **options)
+    rng = np.random.default_rng(5)
+    COUNTS.clear()
+    for _ in range(8):
+        results = _scene(rng, points_class, dims)
+        if drop:
+            del results['plane']
+        start = np.random.get_state()
+        got = []
+        for transform in (stock, fast):
+            np.random.set_state(start)
+            got.append((_outcome(transform,
+                                 results), np.random.get_state()[1].copy()))
+        (s_kind, s_out), (f_kind, f_out) = got[0][0], got[1][0]
+        assert s_kind == f_kind, (s_out, f_out)
+        if s_kind == 'raised':
+            assert s_out == f_out
+        else:
+            assert first_difference(s_out, f_out) is None, \
+                first_difference(s_out, f_out)
+            assert len(s_out['gt_labels_3d']) > 1  # something was pasted
+        assert np.array_equal(got[0][1], got[1][1])
+    # sample_2d goes to stock's transform (mmdet3d 1.4.0's sample_all has
+    # no gt_bboxes_2d: stock's TypeError), counted; the rest is fast's
+    assert COUNTS == ({
+        'stock: ObjectSample: sample_2d': 8
+    } if options.get('sample_2d') else {})

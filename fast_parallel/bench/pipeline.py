@@ -62,6 +62,10 @@ def first_difference(a: Any, b: Any, path: str = 'sample') -> Optional[str]:
                 dict(a.items()), dict(b.items()), path)
     if hasattr(a, 'tensor') and hasattr(a, 'box_dim'):  # mmdet boxes
         return first_difference(a.tensor, b.tensor, f'{path}.tensor')
+    if hasattr(a, 'tensor') and hasattr(a, 'points_dim'):  # mmdet3d points
+        return first_difference((a.tensor, a.points_dim, a.attribute_dims),
+                                (b.tensor, b.points_dim, b.attribute_dims),
+                                f'{path}.points')
     if hasattr(a, 'masks') and hasattr(a, 'height'):  # mmdet masks
         return first_difference((a.height, a.width, a.masks),
                                 (b.height, b.width, b.masks), f'{path}.masks')

@@ -2,11 +2,11 @@
 
 Checked on mmdet3d 1.4.0 (:data:`fast_parallel.compat.CHECKED_ON`).
 """
-from typing import Callable
+from typing import Callable, Tuple
 
 from fast_parallel.compat.core import private
 
-__all__ = ['rotation_kernel']
+__all__ = ["rotation_kernel", "sweep_methods"]
 
 
 def rotation_kernel() -> Callable:
@@ -20,3 +20,18 @@ def rotation_kernel() -> Callable:
     from mmdet3d.structures.bbox_3d import utils
     return private(utils.rotation_3d_in_axis, '__wrapped__', 'mmdet3d',
                    "ObjectSample's fast sampler (the corners of its boxes)")
+
+
+def sweep_methods(transform: object) -> Tuple[Callable, Callable]:
+    """``LoadPointsFromMultiSweeps``'s file read and close-point filter.
+
+    Args:
+        transform: A ``LoadPointsFromMultiSweeps`` instance.
+
+    Returns:
+        tuple: Its bound ``_load_points`` and ``_remove_close``.
+    """
+    used_for = ('the fast LoadPointsFromMultiSweeps (its sweeps, as stock '
+                'reads them)')
+    return (private(transform, '_load_points', 'mmdet3d', used_for),
+            private(transform, '_remove_close', 'mmdet3d', used_for))
