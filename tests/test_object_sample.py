@@ -11,6 +11,7 @@ import torch
 from mmdet3d.datasets.transforms import ObjectSample
 from mmdet3d.structures.points import LiDARPoints
 from models import ROOT
+from transform_utils import assert_same_run
 
 from fast_parallel.bench.pipeline import compare_pipelines
 from fast_parallel.bench.presets import load_preset
@@ -291,7 +292,6 @@ def _sweeps_results(rng, tmp_path, n_sweeps, load_dim):
 
 @pytest.mark.parametrize('case', range(30))
 def test_sweeps_are_stocks(case, tmp_path):
-    import copy
 
     from mmdet3d.datasets.transforms import LoadPointsFromMultiSweeps
 
@@ -312,14 +312,7 @@ def test_sweeps_are_stocks(case, tmp_path):
     stock = LoadPointsFromMultiSweeps(**kwargs)
     fast = LoadPointsFromMultiSweeps(**kwargs)
     fast.__class__ = FastLoadPointsFromMultiSweeps
-    start = np.random.get_state()
-    outs = []
-    for transform in (stock, fast):
-        np.random.set_state(start)
-        outs.append((transform(copy.deepcopy(results))['points'],
-                     np.random.get_state()[1].copy()))
-    assert _same_points(outs[0][0], outs[1][0]), case
-    assert np.array_equal(outs[0][1], outs[1][1])
+    assert_same_run(stock, fast, results)
 
 
 def test_sweeps_without_a_covered_input_go_stocks_way(tmp_path):
@@ -383,15 +376,6 @@ def _scene(rng, points_class=LiDARPoints, dims=4):
         plane=np.array([0.0, 0.0, 1.0, 1.7]))
 
 
-def _outcome(transform, results):
-    import copy
-    try:
-        out = transform(copy.deepcopy(results))
-    except Exception as error:  # stock's error must be fast's
-        return ('raised', f'{type(error).__name__}: {error}')
-    return ('ok', out)
-
-
 @pytest.mark.parametrize('options', [
     dict(),
     dict(use_ground_plane=True),
@@ -404,8 +388,6 @@ def test_object_sample_paths_are_stocks(sample_data, options):
     """Ground plane on and missing, sample_2d, a scene of another points
     class or width than the database's: stock's output or error."""
     from mmdet3d.structures.points import DepthPoints
-
-    from fast_parallel.bench.pipeline import first_difference
     options = dict(options)
     drop = options.pop('drop_plane', False)
     points_class = {
@@ -419,21 +401,9 @@ def test_object_sample_paths_are_stocks(sample_data, options):
         results = _scene(rng, points_class, dims)
         if drop:
             del results['plane']
-        start = np.random.get_state()
-        got = []
-        for transform in (stock, fast):
-            np.random.set_state(start)
-            got.append((_outcome(transform,
-                                 results), np.random.get_state()[1].copy()))
-        (s_kind, s_out), (f_kind, f_out) = got[0][0], got[1][0]
-        assert s_kind == f_kind, (s_out, f_out)
-        if s_kind == 'raised':
-            assert s_out == f_out
-        else:
-            assert first_difference(s_out, f_out) is None, \
-                first_difference(s_out, f_out)
-            assert len(s_out['gt_labels_3d']) > 1  # something was pasted
-        assert np.array_equal(got[0][1], got[1][1])
+        kind, out = assert_same_run(stock, fast, results)
+        if kind == 'ok':
+            assert len(out['gt_labels_3d']) > 1  # something was pasted
     # sample_2d goes to stock's transform (mmdet3d 1.4.0's sample_all has
     # no gt_bboxes_2d: stock's TypeError), counted; the rest is fast's
     assert COUNTS == ({

@@ -17,6 +17,10 @@ from mmdet.datasets.transforms import (MixUp, Mosaic, RandomAffine,
                                        YOLOXHSVRandomAug)
 from mmdet.structures.bbox import HorizontalBoxes
 from mmdet.utils import register_all_modules
+from transform_utils import assert_same_run
+from transform_utils import run_both as _run_both
+from transform_utils import same_states as _same_states
+from transform_utils import set_states as _set
 
 from fast_parallel.bench.pipeline import first_difference
 from fast_parallel.bench.presets import load_preset
@@ -27,50 +31,6 @@ from fast_parallel.pipeline.mix_dataset import FastMultiImageMixDataset
 from fast_parallel.pipeline.mixes import FastMixUp, FastMosaic
 
 register_all_modules()
-
-
-def _states():
-    return (np.random.get_state(), random.getstate(),
-            torch.random.get_rng_state())
-
-
-def _set(states):
-    np.random.set_state(states[0])
-    random.setstate(states[1])
-    torch.random.set_rng_state(states[2])
-
-
-def _same_states(a, b):
-    return (np.array_equal(a[0][1], b[0][1]) and a[0][2:] == b[0][2:]
-            and a[1] == b[1] and torch.equal(a[2], b[2]))
-
-
-def _run_both(stock, fast, results):
-    """Each transform on its own deep copy of ``results``, from the same
-    random states: (stock's output or error, fast's, states equal)."""
-    start = _states()
-    outs = []
-    for transform in (stock, fast):
-        _set(start)
-        try:
-            outs.append(('ok', transform(copy.deepcopy(results))))
-        except Exception as error:  # stock's error must be fast's
-            outs.append(('raised', f'{type(error).__name__}: {error}'))
-        outs[-1] += (_states(), )
-    return outs[0], outs[1]
-
-
-def assert_same_run(stock, fast, results):
-    (s_kind, s_out, s_states), (f_kind, f_out,
-                                f_states) = _run_both(stock, fast, results)
-    assert (s_kind, f_kind) in (('ok', 'ok'), ('raised', 'raised')), \
-        (s_kind, s_out if s_kind == 'raised' else f_out)
-    if s_kind == 'raised':
-        assert s_out == f_out
-    else:
-        assert first_difference(s_out, f_out) is None, \
-            first_difference(s_out, f_out)
-    assert _same_states(s_states, f_states)
 
 
 def _image(rng, h, w, channels=3, dtype=np.uint8):

@@ -20,12 +20,14 @@ from mmdet3d.structures.points import (BasePoints, CameraPoints, DepthPoints,
                                        LiDARPoints)
 
 from fast_parallel.pipeline.db_sampler import fast_sampler_class
-from fast_parallel.pipeline.points_in_boxes import box_faces, in_any_box
+from fast_parallel.pipeline.points_in_boxes import (box_faces, finite_faces,
+                                                    in_any_box)
 from fast_parallel.pipeline.stats import count
 
 __all__ = ['FastObjectSample']
 
-#: Points classes whose ``cat`` and ``__getitem__`` are mmdet3d's own.
+#: Points classes whose ``new_point``, ``cat`` and ``__getitem__`` are
+#: mmdet3d's own (also read by :mod:`~fast_parallel.pipeline.sweeps`).
 POINT_CLASSES = (LiDARPoints, DepthPoints, CameraPoints)
 
 
@@ -33,8 +35,7 @@ def _in_any_box(points: BasePoints, boxes: np.ndarray) -> np.ndarray:
     """Stock's ``points_in_rbbox(points.coord, boxes).any(-1)``; boxes with
     non-finite faces take stock's test, counted."""
     faces = box_faces(boxes)
-    if len(boxes) and not (np.isfinite(faces[0]).all()
-                           and np.isfinite(faces[1]).all()):
+    if len(boxes) and not finite_faces(faces):
         count('stock: ObjectSample: a sampled box with non-finite faces')
     return in_any_box(points.coord.numpy(), boxes, faces)
 

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import numba
 import numpy as np
 
-__all__ = ['in_any_box', 'box_faces']
+__all__ = ['in_any_box', 'box_faces', 'finite_faces']
 
 #: Largest number of grid cells per axis; the cells grow past CELL_M to
 #: keep within it.
@@ -40,6 +40,13 @@ def box_faces(boxes: np.ndarray) -> tuple:
         boxes[:, :3], boxes[:, 3:6], boxes[:, 6], origin=(0.5, 0.5, 0), axis=2)
     surfaces = box_np_ops.corner_to_surfaces_3d(corners)
     return box_np_ops.surface_equ_3d(surfaces[:, :, :3, :])
+
+
+def finite_faces(faces: tuple) -> bool:
+    """Whether every normal and offset of :func:`box_faces` is finite (the
+    grid's bound needs it; else :func:`in_any_box` runs stock's test)."""
+    normal_vec, d = faces
+    return bool(np.isfinite(normal_vec).all() and np.isfinite(d).all())
 
 
 @numba.njit(cache=True)
@@ -165,9 +172,9 @@ def in_any_box(points: np.ndarray,
     Returns:
         np.ndarray: ``(N,)`` bool, True where a point is in some box.
     """
-    normal_vec, d = box_faces(boxes) if faces is None else faces
-    if len(points) == 0 or len(normal_vec) == 0 or not (
-            np.isfinite(normal_vec).all() and np.isfinite(d).all()):
+    faces = box_faces(boxes) if faces is None else faces
+    normal_vec, d = faces
+    if len(points) == 0 or len(normal_vec) == 0 or not finite_faces(faces):
         from mmdet3d.structures.ops import box_np_ops
         return box_np_ops.points_in_rbbox(points, boxes).any(-1)
     return _mask(points, normal_vec, d, MAX_CELLS, CELL_M)

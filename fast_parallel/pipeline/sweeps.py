@@ -14,17 +14,13 @@ from typing import List, Optional, Sequence, Union
 import numpy as np
 import torch
 from mmdet3d.datasets.transforms import LoadPointsFromMultiSweeps
-from mmdet3d.structures.points import (BasePoints, CameraPoints, DepthPoints,
-                                       LiDARPoints)
+from mmdet3d.structures.points import BasePoints
 
 from fast_parallel.compat.mmdet3d import sweep_methods
+from fast_parallel.pipeline.object_sample import POINT_CLASSES
 from fast_parallel.pipeline.stats import count
 
 __all__ = ['FastLoadPointsFromMultiSweeps', 'kept_attribute_dims']
-
-#: Points classes whose ``new_point``, ``cat`` and ``__getitem__`` are
-#: mmdet3d's own.
-POINT_CLASSES = (LiDARPoints, DepthPoints, CameraPoints)
 
 
 def kept_attribute_dims(attribute_dims: Optional[dict], kept: Sequence[int],
@@ -59,7 +55,7 @@ class FastLoadPointsFromMultiSweeps(LoadPointsFromMultiSweeps):
             return 'not an mmdet3d points object'
         if 'lidar_sweeps' not in results:
             return 'no lidar_sweeps'
-        if points.points_dim != self.load_dim or points.tensor.dim() != 2:
+        if points.points_dim != self.load_dim:
             return 'sweeps of another width than the cloud'
         return None
 

@@ -1,0 +1,57 @@
+"""Shared by the transform tests: one transform against its fast form on
+the same input and random states, outputs or errors and the states after
+compared (``first_difference``: bytes, dtypes, strides, points)."""
+import copy
+import random
+
+import numpy as np
+import torch
+
+from fast_parallel.bench.pipeline import first_difference
+
+
+def states():
+    return (np.random.get_state(), random.getstate(),
+            torch.random.get_rng_state())
+
+
+def set_states(saved):
+    np.random.set_state(saved[0])
+    random.setstate(saved[1])
+    torch.random.set_rng_state(saved[2])
+
+
+def same_states(a, b):
+    return (np.array_equal(a[0][1], b[0][1]) and a[0][2:] == b[0][2:]
+            and a[1] == b[1] and torch.equal(a[2], b[2]))
+
+
+def run_both(stock, fast, results):
+    """Each transform on its own deep copy of ``results``, from the same
+    random states: (stock's output or error, fast's, states equal)."""
+    start = states()
+    outs = []
+    for transform in (stock, fast):
+        set_states(start)
+        try:
+            outs.append(('ok', transform(copy.deepcopy(results))))
+        except Exception as error:  # stock's error must be fast's
+            outs.append(('raised', f'{type(error).__name__}: {error}'))
+        outs[-1] += (states(), )
+    return outs[0], outs[1]
+
+
+def assert_same_run(stock, fast, results):
+    """Asserts both give the same output (or error) and random states;
+    returns stock's ``(kind, output or error text)``."""
+    (s_kind, s_out, s_states), (f_kind, f_out,
+                                f_states) = run_both(stock, fast, results)
+    assert (s_kind, f_kind) in (('ok', 'ok'), ('raised', 'raised')), \
+        (s_kind, s_out if s_kind == 'raised' else f_out)
+    if s_kind == 'raised':
+        assert s_out == f_out
+    else:
+        assert first_difference(s_out, f_out) is None, \
+            first_difference(s_out, f_out)
+    assert same_states(s_states, f_states)
+    return s_kind, s_out
