@@ -249,19 +249,22 @@ def test_one_line_says_the_fast_path_is_on(kind, workers, fused, runs):
     pipeline = summary.split('; pipeline: ', 1)[1]  # the line's last part
     if kind == 'yolox':
         assert pipeline.startswith(
-            'MultiImageMixDataset, Mosaic, MixUp, YOLOXHSVRandomAug fast; '
+            'MultiImageMixDataset, Mosaic, MixUp, YOLOXHSVRandomAug, Pad, '
+            'PackDetInputs fast; '
             'RandomAffine stock (no exact faster form); inputs cached in '
             'shared memory (up to '), pipeline
     else:
-        assert pipeline == 'ObjectSample fast; inputs not cached (no ' \
+        assert pipeline == 'KittiDataset, ObjectSample fast; inputs not ' \
+            'cached (no ' \
             'LoadImageFromFile)'
     assert summary.endswith({
         'yolox':
-        'MultiImageMixDataset, Mosaic, MixUp, YOLOXHSVRandomAug '
-        'fast; RandomAffine stock (no exact faster form); inputs cached in '
-        'shared memory (up to 0.0 GB; ',
+        'MultiImageMixDataset, Mosaic, MixUp, YOLOXHSVRandomAug, Pad, '
+        'PackDetInputs fast; RandomAffine stock (no exact faster form); '
+        'inputs cached in shared memory (up to 0.0 GB; ',
         'pointpillars':
-        'pipeline: ObjectSample fast; inputs not cached (no LoadImageFromFile)'
+        'pipeline: KittiDataset, ObjectSample fast; inputs not cached (no '
+        'LoadImageFromFile)'
     }[kind]) or kind == 'yolox' and summary.endswith(' available)'), summary
     # every sample of the epoch took the batched targets, counted, logged
     stats = head.fast_target_stats

@@ -93,9 +93,10 @@ def test_3d_pipelines_give_stock_samples_and_draws(sample_data, preset):
     assert report['equal'] == 12
     assert report['switch'].startswith({
         'pointpillars':
-        'pipeline: ObjectSample fast',
+        'pipeline: KittiDataset, ObjectSample fast',
         'centerpoint_pillar':
-        'pipeline: LoadPointsFromMultiSweeps, ObjectSample fast'
+        'pipeline: NuScenesDataset, LoadPointsFromMultiSweeps, ObjectSample '
+        'fast'
     }[preset]), report['switch']
     assert not any(k.startswith('stock: ') for k in report['counts'])
 
@@ -114,13 +115,13 @@ def test_a_users_object_sample_subclass_stays_stock(sample_data):
     transforms[2].__class__ = MyObjectSample
     line = str(switch_pipeline(dataset))
     assert type(transforms[2]) is MyObjectSample
-    assert line.startswith('pipeline: stock (no transform with a fast form')
+    assert line.startswith('pipeline: KittiDataset fast;')
     transforms[2].__class__ = ObjectSample
-    assert str(
-        switch_pipeline(dataset)).startswith('pipeline: ObjectSample fast')
+    assert str(switch_pipeline(dataset)).startswith(
+        'pipeline: KittiDataset, ObjectSample fast')
     assert type(transforms[2]) is FastObjectSample
     assert str(switch_pipeline(dataset)).startswith(
-        'pipeline: ObjectSample fast')  # switched twice: one swap
+        'pipeline: KittiDataset, ObjectSample fast')  # twice: one swap
 
 
 def test_a_2d_switch_does_not_import_mmdet3d(sample_data):

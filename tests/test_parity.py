@@ -23,8 +23,8 @@ from fast_parallel.parity.recorder import (ParityRecorderHook,
                                            batch_sample_ids, params_checksum)
 from fast_parallel.parity.report import (ORDER_ROW, compare, format_table,
                                          verdict)
-from fast_parallel.parity.runner import (parity_config, run_once,
-                                         same_cpu_threads)
+from fast_parallel.parity.runner import (epoch_switch_notes, parity_config,
+                                         run_once, same_cpu_threads)
 
 parity = load_tool('parity')
 
@@ -89,8 +89,14 @@ def test_parity_identical_with_eval(kind, sample_data, tmp_path, capsys):
                                     'as the stock run did') in printed, \
             printed[-3000:]
         assert len(report['notes']) == 1
-    else:
-        assert report['notes'] == [] and 'note: ' not in printed
+    else:  # the sample's YOLOXModeSwitchHook, in a one-epoch run
+        assert report['notes'] == [
+            'YOLOXModeSwitchHook(num_last_epochs=1) switches at the start '
+            "(a parity run has one epoch): both runs use the last epochs' "
+            'pipeline, without Mosaic, RandomAffine, MixUp; '
+            'num_last_epochs=-1 compares the mixing epochs'
+        ]
+        assert f"note: {report['notes'][0]}" in printed
     assert report['ok'] is True
     whats = [r['what'] for r in report['rows']]
     assert 'iter 2 loss' in whats and 'iter 2 grad_norm' in whats
@@ -422,3 +428,31 @@ def test_each_run_starts_on_the_thread_count_of_the_start():
         f'parallel kernels, e.g. mmdet3d\'s KITTI evaluation, set them); '
         f'the fast run started at {start}, as the stock run did'
     ]
+
+
+def test_epoch_switch_notes_say_which_pipeline_a_parity_run_uses():
+    """An iteration-based parity run has one epoch: the recipes' epoch
+    switches happen at its start or never, and the report says which."""
+    yolox = Config.fromfile(CONFIGS['yolox'])
+    rtmdet = Config.fromfile(
+        osp.join(
+            get_installed_path('mmdet'), '.mim', 'configs', 'rtmdet',
+            'rtmdet_tiny_8xb32-300e_coco.py'))
+    assert epoch_switch_notes(yolox)[0].startswith(
+        'YOLOXModeSwitchHook(num_last_epochs=1) switches at the start')
+    assert epoch_switch_notes(rtmdet) == [
+        'PipelineSwitchHook(switch_epoch=280) never switches in a parity '
+        'run: both runs use the first pipeline; switch_epoch=0 compares '
+        'its switch_pipeline'
+    ]
+    for cfg, kind, key, value in ((yolox, 'YOLOXModeSwitchHook',
+                                   'num_last_epochs', -1),
+                                  (rtmdet, 'PipelineSwitchHook',
+                                   'switch_epoch', 0)):
+        for hook in cfg.custom_hooks:
+            if hook['type'] == kind:
+                hook[key] = value
+    assert 'never switches in a parity run: both runs mix' in \
+        epoch_switch_notes(yolox)[0]
+    assert 'switches at the start' in epoch_switch_notes(rtmdet)[0]
+    assert epoch_switch_notes(Config(dict(custom_hooks=[]))) == []

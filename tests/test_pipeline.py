@@ -8,6 +8,7 @@ kind users have), then the switch. Tests mirror
 import copy
 import json
 import random
+import sys
 
 import cv2
 import numpy as np
@@ -135,6 +136,12 @@ def test_first_difference_sees_every_kind_of_difference():
     assert first_difference(torch.zeros(2), torch.zeros(2, dtype=torch.int))
     assert first_difference(np.zeros(2), np.zeros(2, np.float32))
     assert first_difference(dict(a=1, b=2), dict(b=2, a=1))
+    assert first_difference(np.int64(3), np.int64(3)) is None
+    assert first_difference(np.float32('nan'), np.float32('nan')) is None
+    assert first_difference(np.float32(0.0), np.float32(-0.0))
+    assert first_difference(np.float32(1), np.float64(1))
+    assert first_difference(np.int64(3), np.int64(4))
+    assert first_difference(np.int64(3), 3)
     assert first_difference([np.zeros(1)], [np.ones(1)]) == \
         'sample[0]: arrays differ'
 
@@ -148,7 +155,9 @@ def test_fast_mixup_gives_stock_bytes_and_draws(seed):
         for rh, rw in random.Random(seed * 100 + h).sample(SIZES, 3):
             options = dict(
                 img_scale=tuple(int(v) for v in rng.choice([64, 160, 640], 2)),
-                ratio_range=(0.5, 1.6) if rng.random() < 0.5 else (0.8, 1.6),
+                # (1.0, 1.0): RTMDet's CachedMixUp, no jitter resize
+                ratio_range=[(0.5, 1.6), (0.8, 1.6),
+                             (1.0, 1.0)][int(rng.integers(3))],
                 flip_ratio=float(rng.choice([0.0, 0.5, 1.0])),
                 pad_val=[
                     114.0, 114, 0, 255.0, 114.5, (114, 114, 114),
@@ -168,6 +177,53 @@ def test_fast_mixup_gives_stock_bytes_and_draws(seed):
             assert_same_run(stock, fast, results)
             cases += 1
     assert cases == len(SIZES) * 3
+
+
+def test_fast_mixup_without_jitter_reads_the_window_off_the_image(monkeypatch):
+    """ratio_range (1.0, 1.0) (RTMDet's CachedMixUp): the crop is read off
+    the image and the canvas's pad, for every pad kind, flip, canvas and
+    target size (windows over the image, the pad, both, or past both)."""
+    from fast_parallel.pipeline.mixes import MixWindow
+    taken = []
+    original = MixWindow._window_of_image
+
+    def spy(self, *args):
+        taken.append(self.is_flip)
+        return original(self, *args)
+
+    monkeypatch.setattr(MixWindow, '_window_of_image', spy)
+    rng = np.random.default_rng(11)
+    np.random.seed(11)
+    pads = [114.0, 114, 0, 255.0, 113.9, (114, 114, 114), (0.5, 7, 255.0)]
+    made = 0
+    for case in range(70):
+        stock = MixUp(
+            img_scale=tuple(int(v) for v in rng.integers(8, 90, 2)),
+            ratio_range=(1.0, 1.0),
+            flip_ratio=float(rng.choice([0.0, 0.5, 1.0])),
+            pad_val=pads[case % len(pads)])
+        fast = copy.deepcopy(stock)
+        fast.__class__ = FastMixUp
+        h, w, rh, rw = (int(v) for v in rng.integers(1, 120, 4))
+        results = _results(rng, h, w, int(rng.choice([1, 5])))
+        results['mix_results'] = [_results(rng, rh, rw, 3)]
+        made += assert_same_run(stock, fast, results)[0] == 'ok'
+    # every sample stock made took the window (a mix image resized to no
+    # width raises stock's error first), flipped and not
+    assert made >= 60 and len(taken) == made and 0 < sum(taken) < made
+    # a bad img_scale: stock's error from its canvas, before the resize
+    for scale in ((-40, 30), (40.0, 30.0)):
+        for flip_ratio in (0.0, 1.0):
+            stock = MixUp(
+                img_scale=(64, 64),
+                ratio_range=(1.0, 1.0),
+                flip_ratio=flip_ratio)
+            stock.dynamic_scale = scale
+            fast = copy.deepcopy(stock)
+            fast.__class__ = FastMixUp
+            results = _results(rng, 20, 20, 2)
+            results['mix_results'] = [_results(rng, 30, 40, 3)]
+            assert assert_same_run(stock, fast, results)[0] == 'raised'
 
 
 @pytest.mark.parametrize('kind', ['gray', 'float32', 'uint16', 'rgba'])
@@ -278,8 +334,8 @@ def _compare_datasets(cfg, samples, skip=None, seed=0):
 def test_mix_dataset_gives_stock_samples_and_draws(sample_data, skip):
     outcome = _compare_datasets(_train_dataset_cfg(sample_data), 40, skip)
     assert str(outcome).startswith(
-        'pipeline: MultiImageMixDataset, Mosaic, MixUp, YOLOXHSVRandomAug '
-        'fast; RandomAffine stock (no exact faster form)')
+        'pipeline: MultiImageMixDataset, Mosaic, MixUp, YOLOXHSVRandomAug, '
+        'Pad, PackDetInputs fast; RandomAffine stock (no exact faster form)')
     assert COUNTS['samples'] == 40
     # MixUp's sample was loaded once, not twice, unless switched off
     assert COUNTS['mix loads reused'] == (0 if skip else 40)
@@ -480,6 +536,80 @@ def test_cached_loads_across_forked_workers_give_stock_bytes(sample_data):
         assert first_difference(a, b) is None
 
 
+def _children(pid: int) -> list:
+    """The pids whose parent is ``pid`` (from /proc)."""
+    import os
+    found = []
+    for entry in os.listdir('/proc'):
+        if entry.isdigit():
+            try:
+                with open(f'/proc/{entry}/stat') as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat.rsplit(')', 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _mapping_kb(pid: int, start: int) -> dict:
+    """Rss and Pss (kB) of the mapping of ``pid`` that starts at
+    ``start``; zeros where the process does not map it."""
+    sizes, inside = dict(Rss=0, Pss=0), False
+    with open(f'/proc/{pid}/smaps') as f:
+        for line in f:
+            head = line.split()[0]
+            if '-' in head and ':' not in head:
+                inside = int(head.split('-')[0], 16) == start
+            elif inside and head[:-1] in sizes:
+                sizes[head[:-1]] = int(line.split()[1])
+    return sizes
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='/proc')
+def test_four_workers_hold_one_copy_of_the_cache(sample_data):
+    """Four forked workers fill the cache and read it again: the sum of
+    their proportional set sizes (and the main process's) for its mapping
+    is one copy of the decoded images, while each holds all it read."""
+    import ctypes
+    import os
+
+    from mmdet.registry import DATASETS
+    from torch.utils.data import DataLoader
+    cfg = _train_dataset_cfg(sample_data)
+    dataset = DATASETS.build(copy.deepcopy(cfg))
+    switch_pipeline(dataset, cache_inputs='auto', forked=True)
+    cache = dataset.dataset.pipeline.transforms[0]._fp_cache
+    pointer = ctypes.c_char.from_buffer(cache._data_map)
+    start = ctypes.addressof(pointer)
+    del pointer
+    loader = DataLoader(
+        dataset,
+        batch_size=1,
+        num_workers=4,
+        persistent_workers=True,
+        collate_fn=lambda b: b[0])
+    for _ in range(2):  # decoded into the cache, then all hits
+        list(loader)
+    workers = _children(os.getpid())
+    assert len(workers) >= 4
+    kb = {pid: _mapping_kb(pid, start) for pid in [os.getpid()] + workers}
+    del loader
+    page_kb = os.sysconf('SC_PAGE_SIZE') // 1024
+    used_kb = cache.used / 1024
+    rss = max(k['Rss'] for k in kb.values())
+    pss = sum(k['Pss'] for k in kb.values())
+    print(f'cache {used_kb:.0f} kB used; Rss (kB) by process '
+          f'{[k["Rss"] for k in kb.values()]}, Pss '
+          f'{[k["Pss"] for k in kb.values()]}, sum of Pss {pss} kB')
+    assert cache.used == cache.capacity  # every image decoded once
+    assert sum(k['Rss'] > 0 for k in kb.values()) >= 4
+    # one copy: the shared pages, counted once over all the processes
+    assert used_kb - page_kb * len(kb) <= pss <= used_kb + page_kb * (
+        len(kb) + 1)
+    assert rss <= used_kb + page_kb
+
+
 def test_cache_that_does_not_fit_says_what_it_needs(sample_data, monkeypatch):
     from mmdet.registry import DATASETS
 
@@ -608,7 +738,8 @@ def test_fast_cached_mixes_give_stock_bytes_and_draws(masks):
     are picked from as stock's), with every option's values."""
     from mmdet.datasets.transforms import CachedMixUp, CachedMosaic
 
-    from fast_parallel.pipeline.cached_mixes import (FastCachedMixUp,
+    from fast_parallel.pipeline.cached_mixes import (ENTRY_KEYS,
+                                                     FastCachedMixUp,
                                                      FastCachedMosaic)
     rng = np.random.default_rng(7)
     np.random.seed(7)
@@ -650,11 +781,76 @@ def test_fast_cached_mixes_give_stock_bytes_and_draws(masks):
                 assert first_difference(s_out, f_out) is None, \
                     first_difference(s_out, f_out)
             assert _same_states(s_states, f_states)
-            # the caches fill, pop and are picked from alike
-            assert first_difference(stock.results_cache,
-                                    fast.results_cache) is None
+            # the caches fill, pop and are picked from alike: the same
+            # entries, of the keys an entry is read for
+            assert first_difference([{
+                k: e[k]
+                for k in ENTRY_KEYS if k in e
+            } for e in stock.results_cache], [{
+                k: e[k]
+                for k in ENTRY_KEYS if k in e
+            } for e in fast.results_cache]) is None
             _set(s_states)
     assert COUNTS['stock: CachedMixUp: not a 3-channel uint8 image'] > 0
+
+
+class _DrawsWhenCopied:
+    """A user's object whose deep copy draws a random number."""
+
+    def __deepcopy__(self, memo):
+        np.random.random()
+        return _DrawsWhenCopied()
+
+
+def test_mixes_copy_other_objects_as_stock_does():
+    """A sample (or a cache entry, or a mix result) holding more than plain
+    data, boxes and masks: stock's transform, with its copies' error (a
+    lock) or draws, counted."""
+    import threading
+
+    from mmdet.datasets.transforms import CachedMixUp, CachedMosaic
+
+    from fast_parallel.pipeline.cached_mixes import (FastCachedMixUp,
+                                                     FastCachedMosaic)
+    pairs = ((CachedMosaic(img_scale=(64, 64)), FastCachedMosaic),
+             (CachedMixUp(img_scale=(64, 64)),
+              FastCachedMixUp), (Mosaic(img_scale=(64, 64)), FastMosaic),
+             (MixUp(img_scale=(64, 64)), FastMixUp))
+    COUNTS.clear()
+    for stock_transform, fast_class in pairs:
+        mixes = {Mosaic: 3, MixUp: 1}.get(type(stock_transform), 0)
+        for extra in (threading.Lock, _DrawsWhenCopied):
+            for where in ('sample', 'mix result'):
+                if where == 'mix result' and not mixes:
+                    continue
+                outs = []
+                for cls in (type(stock_transform), fast_class):
+                    transform = copy.deepcopy(stock_transform)
+                    transform.__class__ = cls
+                    np.random.seed(5)
+                    rng = np.random.default_rng(5)
+                    try:
+                        for _ in range(8):  # the caches fill and mix
+                            results = _results(rng, 30, 40, 2)
+                            results['mix_results'] = [
+                                _results(rng, 20, 30, 2) for _ in range(mixes)
+                            ]
+                            target = results if where == 'sample' else \
+                                results['mix_results'][0]
+                            target['extra'] = extra()
+                            if not mixes:
+                                del results['mix_results']
+                            transform(results)
+                        outs.append(('ok', np.random.get_state()[2]))
+                    except TypeError as error:
+                        outs.append(('raised', str(error)))
+                assert outs[0] == outs[1], (fast_class, extra, where, outs)
+                # stock's MixUp copies nothing
+                raises = extra is threading.Lock and fast_class is not \
+                    FastMixUp
+                assert outs[0][0] == ('raised' if raises else 'ok')
+    assert sum(v for k, v in COUNTS.items()
+               if k.endswith('a sample holding other objects')) > 0
 
 
 def test_a_rebuilt_pipeline_is_switched_with_the_same_cache(sample_data):
@@ -689,7 +885,8 @@ def test_a_rebuilt_pipeline_is_switched_with_the_same_cache(sample_data):
     load, _, hsv, _ = dataset.pipeline.transforms
     assert type(load) is FastLoadImageFromFile and load._fp_cache is first
     assert type(hsv) is FastYOLOXHSVRandomAug
-    assert 'YOLOXHSVRandomAug fast' in line and 'inputs cached' in line
+    assert 'YOLOXHSVRandomAug, PackDetInputs fast' in line and \
+        'inputs cached' in line
     # stock's samples from the rebuilt pipeline
     stock = DATASETS.build(cfg)
     stock.pipeline = Compose(stage2)

@@ -85,6 +85,10 @@ def first_difference(a: Any, b: Any, path: str = 'sample') -> Optional[str]:
             if found:
                 return found
         return None
+    if isinstance(a, np.generic):  # numpy scalars: their bits
+        if a.dtype == b.dtype and a.tobytes() == b.tobytes():
+            return None
+        return f'{path}: {a!r} vs {b!r}'
     same = a == b
     if isinstance(same, bool) and (same or (a != a and b != b)):
         return None

@@ -242,6 +242,50 @@ def run_once(cfg: Config, progress: Optional[Any] = None) -> dict:
     return record
 
 
+def epoch_switch_notes(cfg: Config) -> List[str]:
+    """What the recipes' epoch-switch hooks do in a parity run.
+
+    A parity run is iteration-based: its loop has one epoch (mmengine gives
+    ``max_epochs`` 1), so ``YOLOXModeSwitchHook`` switches at the start
+    when ``num_last_epochs >= 0`` and never otherwise, and
+    ``PipelineSwitchHook`` at the start when ``switch_epoch <= 0`` and
+    never otherwise (read in mmdet 3.3.0).
+
+    Args:
+        cfg (Config): The config both runs start from.
+
+    Returns:
+        list[str]: One line per such hook: which pipeline both runs use,
+        and the setting that compares the other.
+    """
+    notes = []
+    for hook in cfg.get('custom_hooks', None) or []:
+        kind = hook.get('type', '')
+        kind = getattr(kind, '__name__', str(kind)).rsplit('.', 1)[-1]
+        if kind == 'YOLOXModeSwitchHook':
+            last = hook.get('num_last_epochs', 15)
+            skipped = ', '.join(
+                hook.get('skip_type_keys',
+                         ('Mosaic', 'RandomAffine', 'MixUp')))
+            notes.append(f'YOLOXModeSwitchHook(num_last_epochs={last}) ' + (
+                f'switches at the start (a parity run has one epoch): '
+                f'both runs use the last epochs\' pipeline, without '
+                f'{skipped}; num_last_epochs=-1 compares the mixing '
+                f'epochs' if last >=
+                0 else 'never switches in a parity run: both runs mix; '
+                'num_last_epochs=0 compares the last epochs'))
+        elif kind == 'PipelineSwitchHook':
+            epoch = hook.get('switch_epoch')
+            notes.append(f'PipelineSwitchHook(switch_epoch={epoch}) ' + (
+                'switches at the start (a parity run has one epoch): both '
+                'runs use its switch_pipeline; a positive switch_epoch '
+                'compares the first pipeline' if epoch is not None
+                and epoch <= 0 else 'never switches in a parity run: both '
+                'runs use the first pipeline; switch_epoch=0 compares its '
+                'switch_pipeline'))
+    return notes
+
+
 def run_parity(cfg: Config,
                iters: int,
                evaluate: bool = False,
@@ -284,7 +328,7 @@ def run_parity(cfg: Config,
         ``ok``.
     """
     cuda_determinism(deterministic)  # tools/parity.py says it set it
-    records, notes = {}, []
+    records, notes = {}, epoch_switch_notes(cfg)
     with same_cpu_threads(notes) as start_run:
         for path in PATHS:
             run_cfg = parity_config(cfg, path, iters, evaluate, work_dir, seed,

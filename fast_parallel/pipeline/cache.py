@@ -28,6 +28,7 @@ _STATE, _OFFSET, _NBYTES, _DTYPE, _NDIM, _SHAPE, _SIZE, _MTIME = (0, 1, 2, 3,
                                                                   4, 5, 8, 9)
 _ROW = 10
 _READY = 1
+_WRITING = 2  # space taken by one writer: the others leave it
 #: The dtypes a decode gives (mmcv's backends); others are not cached.
 _DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32),
            np.dtype(np.int16), np.dtype(np.float64), np.dtype(np.int32))
@@ -109,13 +110,14 @@ class DecodedCache:
                 img.dtype not in _DTYPES:
             return
         with self.lock:
-            if self.table[slot, _STATE] == _READY:
+            if self.table[slot, _STATE] != 0:  # kept, or being kept
                 return
             start = int(self.top[0])
             if start + img.nbytes > self.capacity:
                 count('cache: full')
                 return
             self.top[0] = start + img.nbytes
+            self.table[slot, _STATE] = _WRITING
         self.data[start:start + img.nbytes] = img.reshape(-1).view(np.uint8)
         row = np.zeros(_ROW, np.int64)
         row[[_OFFSET, _NBYTES, _DTYPE,

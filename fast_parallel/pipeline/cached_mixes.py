@@ -1,12 +1,13 @@
 """Fast forms of mmdet's ``CachedMosaic`` and ``CachedMixUp`` (RTMDet):
 stock's bytes and draws.
 
-Stock keeps a deep copy of each sample in the transform's cache (kept here:
-later transforms change the sample in place), then deep-copies the picked
-entries, and ``CachedMosaic`` deep-copies each of them again for its patch.
-The picks are only read, but for their boxes, which are moved in place: the
-fast forms copy those alone. ``FastCachedMixUp`` builds only the crop window
-and mixes in integers (:class:`~fast_parallel.pipeline.mixes.MixWindow`);
+Stock keeps a deep copy of each sample in the transform's cache (kept here,
+of the keys an entry is read for: later transforms change the sample in
+place), then deep-copies the picked entries, and ``CachedMosaic``
+deep-copies each of them again for its patch. The picks are only read, but
+for their boxes, which are moved in place: the fast forms copy those
+alone. ``FastCachedMixUp`` builds only the crop window and mixes in
+integers (:class:`~fast_parallel.pipeline.mixes.MixWindow`);
 a sample or cache entry whose image is not 3-channel ``uint8`` makes it take
 stock's ``transform``, counted.
 """
@@ -18,16 +19,37 @@ from mmdet.datasets.transforms import CachedMixUp, CachedMosaic
 from mmdet.structures.bbox import autocast_box_type
 from numpy import random
 
+from fast_parallel.pipeline.copies import holds_only_plain, sample_is_plain
 from fast_parallel.pipeline.mixes import (MixWindow, colour_uint8, mix_halves,
                                           mosaic_of, pad_val_why)
 from fast_parallel.pipeline.stats import count
 
 __all__ = ['FastCachedMixUp', 'FastCachedMosaic']
 
+#: The keys of a cache entry that stock's ``CachedMosaic`` / ``CachedMixUp``
+#: read (mmdet 3.3.0: their picks, ``get_indexes`` and the patches).
+ENTRY_KEYS = ('img', 'gt_bboxes', 'gt_bboxes_labels', 'gt_ignore_flags',
+              'gt_masks')
+
 
 def _cache_and_pop(t, results: dict) -> None:
-    """Stock's: keep a copy of the sample, drop one entry when full."""
-    t.results_cache.append(copy.deepcopy(results))
+    """Stock's: keep a copy of the sample, drop one entry when full.
+
+    The copy holds only the keys an entry is read for (one deep copy of
+    them, so that shared objects stay shared) when the rest of the sample
+    is plain data (:func:`~fast_parallel.pipeline.copies.holds_only_plain`:
+    its copy can neither fail nor draw): the info's ``instances`` with
+    their polygons, paths and shapes are never read from the cache, and
+    their deep copy was most of the transform's time.
+    """
+    if all(
+            holds_only_plain(v) for k, v in results.items()
+            if k not in ENTRY_KEYS):
+        t.results_cache.append(
+            copy.deepcopy({k: results[k]
+                           for k in ENTRY_KEYS if k in results}))
+    else:  # stock's copy, for its errors and what a copy may do
+        t.results_cache.append(copy.deepcopy(results))
     if len(t.results_cache) > t.max_cached_images:
         if t.random_pop:
             index = random.randint(0, len(t.results_cache) - 1)
@@ -39,8 +61,16 @@ def _cache_and_pop(t, results: dict) -> None:
 class FastCachedMosaic(CachedMosaic):
     """``CachedMosaic`` without the copies of the picked entries."""
 
-    @autocast_box_type()
     def transform(self, results: dict) -> dict:
+        if not (sample_is_plain(results)
+                and all(map(sample_is_plain, self.results_cache))):
+            # stock's copies of the sample and the picks may draw or fail
+            count('stock: CachedMosaic: a sample holding other objects')
+            return CachedMosaic.transform(self, results)
+        return self._fast(results)
+
+    @autocast_box_type()
+    def _fast(self, results: dict) -> dict:
         _cache_and_pop(self, results)
         if len(self.results_cache) <= 4:
             return results
@@ -68,6 +98,9 @@ class FastCachedMixUp(CachedMixUp):
                   ] + [entry.get('img') for entry in self.results_cache]
         if not all(map(colour_uint8, images)):
             return 'not a 3-channel uint8 image'
+        if not (sample_is_plain(results)
+                and all(map(sample_is_plain, self.results_cache))):
+            return 'a sample holding other objects'
         return pad_val_why(self.pad_val)
 
     @autocast_box_type()

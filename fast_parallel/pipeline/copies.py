@@ -11,11 +11,15 @@ import copy
 import random as py_random
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+import cv2
 import numpy as np
 import torch
 from mmengine.dataset import BaseDataset
 
-__all__ = ['as_deepcopied', 'fresh_results_why', 'RandomStates']
+__all__ = [
+    'as_deepcopied', 'flipped_copy', 'fresh_results_why', 'holds_only_plain',
+    'RandomStates', 'sample_is_plain'
+]
 
 #: Load transforms whose output is a new object, made from the file and the
 #: info alone: no random draw, no state kept (by class name).
@@ -24,6 +28,110 @@ FRESH_LOADS = frozenset(
 
 _PLAIN = (str, bytes, int, float, bool, complex, type(None), np.generic)
 _SCALARS = frozenset((str, bytes, int, float, bool, complex, type(None)))
+
+#: The dtypes OpenCV's binding takes and returns as they are.
+CV_NATIVE = frozenset(
+    np.dtype(t)
+    for t in (np.uint8, np.int8, np.uint16, np.int16, np.float32, np.float64))
+
+
+def flipped_copy(img: np.ndarray) -> Optional[np.ndarray]:
+    """``img.copy(order='K')`` of a flipped image view, made by OpenCV.
+
+    ``np.flip`` (mmcv's ``imflip``) gives a view with a negative stride;
+    numpy copies it an element group at a time, and OpenCV's binding copies
+    it the same way before any call. Flipping the positive view back with
+    ``cv2.flip`` gives the same bytes, C-ordered, in row-sized copies.
+
+    Args:
+        img (np.ndarray): An image.
+
+    Returns:
+        np.ndarray | None: The copy (C-contiguous, owning its memory), or
+        None where ``img`` is not a flipped 2-D or 2..4-channel image (a
+        plain ``np.ndarray``) of an OpenCV dtype whose rows lie in stride
+        order, a whole number of elements apart (then copy it as before).
+    """
+    if type(img) is not np.ndarray or img.dtype not in CV_NATIVE or \
+            img.ndim not in (2, 3) or img.size == 0 or \
+            (img.ndim == 3 and not 2 <= img.shape[2] <= 4):
+        return None
+    row, col = img.strides[:2]
+    if (row >= 0 and col >= 0) or abs(row) % img.itemsize or \
+            abs(col) != img.itemsize * (
+            1 if img.ndim == 2 else img.shape[2]) or \
+            abs(row) < abs(col) * img.shape[1] or \
+            (img.ndim == 3 and img.strides[2] != img.itemsize):
+        return None
+    code = 1 if row > 0 else (0 if col > 0 else -1)
+    positive = img[::1 if row > 0 else -1, ::1 if col > 0 else -1]
+    return cv2.flip(positive, code)
+
+
+def holds_only_plain(value: Any, known: frozenset = frozenset()) -> bool:
+    """Whether ``value`` is made of dicts, lists and tuples of Python
+    scalars, strings, numpy scalars, numpy arrays of plain dtypes and
+    objects of the ``known`` classes only: a deep copy of it draws nothing
+    and cannot fail, so leaving one out changes nothing but its copies.
+
+    Args:
+        value: Any object.
+        known (frozenset): Classes (exact) whose deep copy draws nothing
+            and cannot fail, e.g. mmdet's boxes. Defaults to none.
+
+    Returns:
+        bool: True when plain (a structure holding itself is not).
+    """
+    try:
+        return _plain(value, known)
+    except RecursionError:
+        return False
+
+
+def sample_is_plain(results: Any) -> bool:
+    """Whether a results dict (and its ``mix_results``) holds only plain
+    data (:func:`holds_only_plain`) and mmdet's boxes and masks: the deep
+    copies a stock transform makes of it draw nothing and cannot fail, so
+    a fast form that leaves them out gives the same draws and errors.
+
+    Args:
+        results: A results dict (a cache entry, a mix result).
+
+    Returns:
+        bool: True when the copies can be left out.
+    """
+    if type(results) is not dict:
+        return False
+    known = _known_structures()
+    for key, value in results.items():
+        if key == 'mix_results' and type(value) is list:
+            if not all(map(sample_is_plain, value)):
+                return False
+        elif not holds_only_plain(value, known):
+            return False
+    return True
+
+
+def _known_structures() -> frozenset:
+    """mmdet's boxes and masks, whose deep copies draw nothing."""
+    from mmdet.structures.bbox import HorizontalBoxes
+    from mmdet.structures.mask import BitmapMasks, PolygonMasks
+    return frozenset((HorizontalBoxes, BitmapMasks, PolygonMasks))
+
+
+def _plain(value: Any, known: frozenset) -> bool:
+    kind = type(value)
+    if kind in _SCALARS or kind in known:
+        return True
+    if kind is dict or kind is list or kind is tuple:
+        items = value.values() if kind is dict else value
+        if kind is dict and not _SCALARS.issuperset(map(type, value)):
+            return False
+        return _SCALARS.issuperset(map(type, items)) or all(
+            _plain(item, known) for item in items)
+    if kind is np.ndarray:
+        return not value.dtype.hasobject
+    return isinstance(value, np.generic) and not isinstance(value, np.object_)
 
 
 def _box_types() -> tuple:
@@ -90,7 +198,8 @@ def _walk_new(value: Any, boxes: tuple, plain: Dict[int, Any],
         if value.base is None and value.flags.c_contiguous and \
                 value.flags.writeable:
             return value, False
-        return value.copy(order='K'), False
+        flipped = flipped_copy(value)
+        return (value.copy(order='K') if flipped is None else flipped), False
     kind = type(value)
     if kind is dict or kind is list or kind is tuple:
         if id(value) in plain:

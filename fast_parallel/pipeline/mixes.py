@@ -18,6 +18,7 @@ from mmdet.structures.bbox import autocast_box_type
 from numpy import random
 
 from fast_parallel.compat import mosaic_combine
+from fast_parallel.pipeline.copies import sample_is_plain
 from fast_parallel.pipeline.stats import count
 
 __all__ = [
@@ -48,6 +49,11 @@ def filled(shape: tuple, value, dtype) -> np.ndarray:
 _CV_NATIVE = frozenset(
     np.dtype(t)
     for t in (np.uint8, np.int8, np.uint16, np.int16, np.float32, np.float64))
+
+#: MixUp canvas dtypes (numpy's rule for a uint8 image times a pad_val in
+#: 0..255) whose same-size OpenCV resize keeps values 0..255.
+_COPIED_CANVAS = frozenset(
+    np.dtype(t) for t in (np.uint8, np.int64, np.float64))
 
 
 def _resize_keeps(img: np.ndarray) -> bool:
@@ -155,8 +161,14 @@ def mosaic_of(t: Mosaic,
 class FastMosaic(Mosaic):
     """``Mosaic`` that copies each patch's boxes, not its whole results."""
 
-    @autocast_box_type()
     def transform(self, results: dict) -> dict:
+        if not sample_is_plain(results):  # stock's copies may draw or fail
+            count('stock: Mosaic: a sample holding other objects')
+            return Mosaic.transform(self, results)
+        return self._fast(results)
+
+    @autocast_box_type()
+    def _fast(self, results: dict) -> dict:
         if random.uniform(0, 1) > self.prob:
             return results
         assert 'mix_results' in results
@@ -262,21 +274,41 @@ class MixWindow:
         # the canvas dtype and value (float64 for a float pad_val; one
         # value per channel for three)
         one = np.ones((1, 1, 3), dtype=retrieve_img.dtype) * t.pad_val
-        out_img = filled((t.dynamic_scale[1], t.dynamic_scale[0], 3), one,
-                         one.dtype)
+        canvas_shape = (t.dynamic_scale[1], t.dynamic_scale[0], 3)
+        # stock makes its canvas here: its errors for a bad img_scale
+        # (negative, float, too large) come first (memory left untouched)
+        np.empty(canvas_shape, one.dtype)
         scale_ratio = min(t.dynamic_scale[1] / retrieve_img.shape[0],
                           t.dynamic_scale[0] / retrieve_img.shape[1])
         retrieve_img = mmcv.imresize(
             retrieve_img, (int(retrieve_img.shape[1] * scale_ratio),
                            int(retrieve_img.shape[0] * scale_ratio)))
-        out_img[:retrieve_img.shape[0], :retrieve_img.shape[1]] = retrieve_img
         self.scale_ratio = scale_ratio * jit_factor
+        if jit_factor == 1.0 and one.dtype in _COPIED_CANVAS and \
+                mmcv_geometric.imread_backend == 'cv2':
+            # OpenCV's same-size resize copies the canvas (an int64 one as
+            # int32): values 0..255 stay, so the window is read off the
+            # image and the canvas's pad, without making the canvas
+            self.origin_h, self.origin_w = canvas_shape[:2]
+            rows, cols = self._offsets(t, target_shape)
+            self._window_of_image(retrieve_img, one.astype(np.uint8), rows,
+                                  cols)
+            return
+        out_img = filled(canvas_shape, one, one.dtype)
+        out_img[:retrieve_img.shape[0], :retrieve_img.shape[1]] = retrieve_img
         out_img = mmcv.imresize(out_img, (int(out_img.shape[1] * jit_factor),
                                           int(out_img.shape[0] * jit_factor)))
         if self.is_flip:
             out_img = out_img[:, ::-1, :]
 
         self.origin_h, self.origin_w = out_img.shape[:2]
+        rows, cols = self._offsets(t, target_shape)
+        self.crop[:rows, :cols] = out_img[self.y_offset:self.y_offset + rows,
+                                          self.x_offset:self.x_offset + cols]
+
+    def _offsets(self, t, target_shape) -> tuple:
+        """Stock's offset draws; the crop filled with the padded canvas's
+        pad; the (rows, cols) of the crop the resized canvas covers."""
         target_h, target_w = target_shape
         padded_h = max(self.origin_h, target_h)
         padded_w = max(self.origin_w, target_w)
@@ -288,7 +320,27 @@ class MixWindow:
         # stock pads the whole canvas (float64, cast to uint8), then crops
         fill = (np.ones((1, 1, 3)) * t.pad_val).astype(np.uint8)
         self.crop = filled((target_h, target_w, 3), fill, np.uint8)
+        self._fill = fill
         rows = max(0, min(target_h, self.origin_h - self.y_offset))
         cols = max(0, min(target_w, self.origin_w - self.x_offset))
-        self.crop[:rows, :cols] = out_img[self.y_offset:self.y_offset + rows,
-                                          self.x_offset:self.x_offset + cols]
+        return rows, cols
+
+    def _window_of_image(self, image: np.ndarray, pad: np.ndarray, rows: int,
+                         cols: int) -> None:
+        """The crop's ``rows`` x ``cols`` window of the unresized canvas
+        (``pad`` with ``image`` at its top left, flipped if drawn)."""
+        y0, x0 = self.y_offset, self.x_offset
+        if rows > 0 and cols > 0 and not np.array_equal(pad, self._fill):
+            self.crop[:rows, :cols] = filled((rows, cols, 3), pad, np.uint8)
+        image_h, image_w = image.shape[:2]
+        lo, hi = ((self.origin_w - image_w, self.origin_w) if self.is_flip else
+                  (0, image_w))
+        r1 = min(image_h, y0 + rows)
+        c0, c1 = max(x0, lo), min(x0 + cols, hi)
+        if r1 <= y0 or c1 <= c0:
+            return
+        if self.is_flip:  # canvas column x is image column origin_w - 1 - x
+            part = image[y0:r1, self.origin_w - c1:self.origin_w - c0][:, ::-1]
+        else:
+            part = image[y0:r1, c0:c1]
+        self.crop[:r1 - y0, c0 - x0:c1 - x0] = part

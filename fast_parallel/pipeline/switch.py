@@ -18,6 +18,7 @@ from fast_parallel.pipeline.cached_mixes import (FastCachedMixUp,
                                                  FastCachedMosaic)
 from fast_parallel.pipeline.colour import FastYOLOXHSVRandomAug
 from fast_parallel.pipeline.copies import fresh_results_why
+from fast_parallel.pipeline.layout import FastPackDetInputs, FastPad
 from fast_parallel.pipeline.mix_dataset import FastMultiImageMixDataset
 from fast_parallel.pipeline.mixes import FastMixUp, FastMosaic
 
@@ -33,6 +34,8 @@ SWAPS: Dict[str, type] = {
     'YOLOXHSVRandomAug': FastYOLOXHSVRandomAug,
     'CachedMosaic': FastCachedMosaic,
     'CachedMixUp': FastCachedMixUp,
+    'Pad': FastPad,
+    'PackDetInputs': FastPackDetInputs,
 }
 
 #: Stock transform class (exact, by name) -> ``'module:class'`` of its fast
@@ -55,7 +58,7 @@ STAYS_STOCK: Dict[str, str] = {
 NEVER_NONE = frozenset({
     'Mosaic', 'MixUp', 'RandomAffine', 'YOLOXHSVRandomAug', 'RandomFlip',
     'Resize', 'Pad', 'PackDetInputs', 'FastMosaic', 'FastMixUp',
-    'FastYOLOXHSVRandomAug'
+    'FastYOLOXHSVRandomAug', 'FastPad', 'FastPackDetInputs'
 })
 
 #: Transform classes that return None only before touching their input and
@@ -111,6 +114,22 @@ def _switch_mixer(dataset: Any, stock: Dict[str, str]) -> bool:
     return True
 
 
+def _switch_3d_dataset(dataset: Any) -> Optional[str]:
+    """Gives an mmdet3d dataset its class without the info's second copy
+    (:mod:`~fast_parallel.pipeline.datasets3d`); its stock name, or None.
+    mmdet3d is imported only for a dataset of its own."""
+    module = type(dataset).__module__
+    ours = 'fast_parallel.pipeline.datasets3d'
+    if not (module.startswith('mmdet3d.') or module == ours):
+        return None
+    from fast_parallel.pipeline.datasets3d import fast_dataset_class
+    fast = fast_dataset_class(type(dataset))
+    if fast is None:
+        return None
+    dataset.__class__ = fast
+    return fast.__name__[len('Fast'):]
+
+
 def fast_transforms(dataset: Any) -> frozenset:
     """The ids of the transforms of ``dataset`` that have a fast class."""
     return frozenset(
@@ -153,6 +172,9 @@ def switch_pipeline(dataset: Any,
     for holder, transforms in _pipelines(dataset):
         if _switch_mixer(holder, stock):
             fast.append('MultiImageMixDataset')
+        name = _switch_3d_dataset(holder)
+        if name is not None:
+            fast.append(name)
         for transform in transforms:
             cls = type(transform)
             if cls in (LoadImageFromFile, FastLoadImageFromFile) and \
