@@ -132,5 +132,5 @@ def test_an_info_holding_other_objects_is_copied_as_stock(
     dataset[0]
     assert handed == []  # the info with an object: stock's deep copy
     monkeypatch.setattr(Det3DDataset, 'get_data_info', stock_info)
-    dataset[0]
+    dataset[1]  # (an index's plainness is found once: another index)
     assert handed == [1]  # a plain info (with its boxes): handed on

@@ -19,7 +19,7 @@ from mmdet.datasets.transforms import CachedMixUp, CachedMosaic
 from mmdet.structures.bbox import autocast_box_type
 from numpy import random
 
-from fast_parallel.pipeline.copies import holds_only_plain, sample_is_plain
+from fast_parallel.pipeline.copies import sample_is_plain
 from fast_parallel.pipeline.mixes import (MixWindow, colour_uint8, mix_halves,
                                           mosaic_of, pad_val_why)
 from fast_parallel.pipeline.stats import count
@@ -35,38 +35,54 @@ ENTRY_KEYS = ('img', 'gt_bboxes', 'gt_bboxes_labels', 'gt_ignore_flags',
 def _cache_and_pop(t, results: dict) -> None:
     """Stock's: keep a copy of the sample, drop one entry when full.
 
-    The copy holds only the keys an entry is read for (one deep copy of
-    them, so that shared objects stay shared) when the rest of the sample
-    is plain data (:func:`~fast_parallel.pipeline.copies.holds_only_plain`:
-    its copy can neither fail nor draw): the info's ``instances`` with
-    their polygons, paths and shapes are never read from the cache, and
-    their deep copy was most of the transform's time.
+    The sample is plain (:func:`~fast_parallel.pipeline.copies.
+    sample_is_plain`: its copy can neither fail nor draw), so the copy
+    holds only the keys an entry is read for (one deep copy of them, so
+    that shared objects stay shared): the info's ``instances`` with their
+    polygons, paths and shapes are never read from the cache, and their
+    deep copy was most of the transform's time.
     """
-    if all(
-            holds_only_plain(v) for k, v in results.items()
-            if k not in ENTRY_KEYS):
-        t.results_cache.append(
-            copy.deepcopy({k: results[k]
-                           for k in ENTRY_KEYS if k in results}))
-    else:  # stock's copy, for its errors and what a copy may do
-        t.results_cache.append(copy.deepcopy(results))
+    t.results_cache.append(
+        copy.deepcopy({k: results[k]
+                       for k in ENTRY_KEYS if k in results}))
     if len(t.results_cache) > t.max_cached_images:
         if t.random_pop:
             index = random.randint(0, len(t.results_cache) - 1)
         else:
             index = 0
-        t.results_cache.pop(index)
+        popped = t.results_cache.pop(index)
+        if t._fp_others and not sample_is_plain(popped):
+            t._fp_others -= 1
+
+
+def _holds_others(t, results: dict) -> bool:
+    """Whether the sample or a cache entry is not a plain sample, so that
+    stock's copies of it may draw or fail. The entries that are not (kept
+    by stock's ``transform``) are counted once, then as they are popped."""
+    if t._fp_others is None:
+        t._fp_others = sum(not sample_is_plain(e) for e in t.results_cache)
+    return t._fp_others > 0 or not sample_is_plain(results)
+
+
+def _stock(t, stock_transform, results: dict) -> dict:
+    """Stock's ``transform``; the entries it keeps are counted again."""
+    try:
+        return stock_transform(t, results)
+    finally:
+        t._fp_others = None
 
 
 class FastCachedMosaic(CachedMosaic):
     """``CachedMosaic`` without the copies of the picked entries."""
 
+    #: Cache entries that are not plain samples (None: not counted yet).
+    _fp_others = None
+
     def transform(self, results: dict) -> dict:
-        if not (sample_is_plain(results)
-                and all(map(sample_is_plain, self.results_cache))):
+        if _holds_others(self, results):
             # stock's copies of the sample and the picks may draw or fail
             count('stock: CachedMosaic: a sample holding other objects')
-            return CachedMosaic.transform(self, results)
+            return _stock(self, CachedMosaic.transform, results)
         return self._fast(results)
 
     @autocast_box_type()
@@ -85,11 +101,14 @@ class FastCachedMixUp(CachedMixUp):
     """``CachedMixUp`` that copies only the picked entry's boxes, pads only
     the crop window and mixes in integers."""
 
+    #: Cache entries that are not plain samples (None: not counted yet).
+    _fp_others = None
+
     def transform(self, results: dict) -> dict:
         why = self._why_stock(results)
         if why is not None:
             count(f'stock: CachedMixUp: {why}')
-            return CachedMixUp.transform(self, results)
+            return _stock(self, CachedMixUp.transform, results)
         return self._fast(results)
 
     def _why_stock(self, results: dict) -> Optional[str]:
@@ -98,8 +117,7 @@ class FastCachedMixUp(CachedMixUp):
                   ] + [entry.get('img') for entry in self.results_cache]
         if not all(map(colour_uint8, images)):
             return 'not a 3-channel uint8 image'
-        if not (sample_is_plain(results)
-                and all(map(sample_is_plain, self.results_cache))):
+        if _holds_others(self, results):
             return 'a sample holding other objects'
         return pad_val_why(self.pad_val)
 
