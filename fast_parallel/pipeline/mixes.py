@@ -18,7 +18,7 @@ from mmdet.structures.bbox import autocast_box_type
 from numpy import random
 
 from fast_parallel.compat import mosaic_combine
-from fast_parallel.pipeline.copies import sample_is_plain
+from fast_parallel.pipeline.copies import CV_NATIVE, sample_is_plain
 from fast_parallel.pipeline.stats import count
 
 __all__ = [
@@ -45,11 +45,6 @@ def filled(shape: tuple, value, dtype) -> np.ndarray:
     return out
 
 
-#: The dtypes OpenCV's binding hands ``cv2.resize`` as they are.
-_CV_NATIVE = frozenset(
-    np.dtype(t)
-    for t in (np.uint8, np.int8, np.uint16, np.int16, np.float32, np.float64))
-
 #: MixUp canvas dtypes (numpy's rule for a uint8 image times a pad_val in
 #: 0..255) whose same-size OpenCV resize keeps values 0..255.
 _COPIED_CANVAS = frozenset(
@@ -61,7 +56,7 @@ def _resize_keeps(img: np.ndarray) -> bool:
     bytes, shape and dtype (OpenCV copies a same-size image; its binding
     casts some dtypes and drops a last axis of 1; pillow may not copy)."""
     return mmcv_geometric.imread_backend == 'cv2' and \
-        img.dtype in _CV_NATIVE and img.ndim in (2, 3) and \
+        img.dtype in CV_NATIVE and img.ndim in (2, 3) and \
         not (img.ndim == 3 and img.shape[2] == 1)
 
 
