@@ -69,9 +69,11 @@ class FastParallelHook(Hook):
             bytes and random draws, before its workers start
             (:mod:`fast_parallel.pipeline`). Defaults to True.
         cache_inputs (str, optional): ``'auto'``: keep each decoded train
-            image in shared memory, one copy for all workers, when the
-            decoded train set fits 40% of the available memory (else the
-            start line says what it needs); None: off. Only with
+            image and gt-database file in shared memory, one copy for all
+            workers, when they fit 40% of the available memory together
+            (else the start line says what they need); ``'disk:DIR'``:
+            keep each decoded image as a ``.npy`` file in ``DIR``, for
+            this run and later ones; None: off. Only with
             ``fast_pipeline``. Defaults to 'auto'.
         priority (int | str): Hook priority. Defaults to 'VERY_HIGH', so
             the wrapper is in place before other hooks look at the model.
@@ -96,6 +98,8 @@ class FastParallelHook(Hook):
         self.fast_targets = fast_targets
         self.fast_voxelize = fast_voxelize
         self.fast_pipeline = fast_pipeline
+        from fast_parallel.pipeline.cache_plan import disk_folder
+        disk_folder(cache_inputs)  # a bad value fails here, named
         self.cache_inputs = cache_inputs
         #: Reads data waits and workers' CPU for the data-bound line.
         self.data_bound = DataBoundMonitor()

@@ -93,10 +93,10 @@ def test_3d_pipelines_give_stock_samples_and_draws(sample_data, preset):
     assert report['equal'] == 12
     assert report['switch'].startswith({
         'pointpillars':
-        'pipeline: KittiDataset, ObjectSample fast',
+        'pipeline: KittiDataset, ObjectSample, PointsRangeFilter fast',
         'centerpoint_pillar':
-        'pipeline: NuScenesDataset, LoadPointsFromMultiSweeps, ObjectSample '
-        'fast'
+        'pipeline: NuScenesDataset, LoadPointsFromMultiSweeps, ObjectSample, '
+        'PointsRangeFilter fast'
     }[preset]), report['switch']
     assert not any(k.startswith('stock: ') for k in report['counts'])
 
@@ -115,13 +115,14 @@ def test_a_users_object_sample_subclass_stays_stock(sample_data):
     transforms[2].__class__ = MyObjectSample
     line = str(switch_pipeline(dataset))
     assert type(transforms[2]) is MyObjectSample
-    assert line.startswith('pipeline: KittiDataset fast;')
+    assert line.startswith('pipeline: KittiDataset, PointsRangeFilter fast;')
     transforms[2].__class__ = ObjectSample
     assert str(switch_pipeline(dataset)).startswith(
-        'pipeline: KittiDataset, ObjectSample fast')
+        'pipeline: KittiDataset, ObjectSample, PointsRangeFilter fast')
     assert type(transforms[2]) is FastObjectSample
     assert str(switch_pipeline(dataset)).startswith(
-        'pipeline: KittiDataset, ObjectSample fast')  # twice: one swap
+        'pipeline: KittiDataset, ObjectSample, PointsRangeFilter fast'
+    )  # twice: one swap
 
 
 def test_a_2d_switch_does_not_import_mmdet3d(sample_data):
@@ -156,7 +157,7 @@ print(sorted(m for m in sys.modules if m.split('.')[0] == 'mmdet3d'
 def test_corners_are_stocks(case):
     from mmdet3d.structures.ops import box_np_ops
 
-    from fast_parallel.pipeline.db_sampler import corner_box2d
+    from fast_parallel.pipeline.db_sampler import corner_box2d, corner_box3d
     rng = np.random.default_rng(case)
     n = int(rng.choice([0, 1, 7, 64]))
     dtype = rng.choice([np.float32, np.float64])
@@ -170,6 +171,12 @@ def test_corners_are_stocks(case):
     stock = box_np_ops.center_to_corner_box2d(boxes[:, 0:2], boxes[:, 3:5],
                                               boxes[:, 6])
     fast = corner_box2d(boxes[:, 0:2], boxes[:, 3:5], boxes[:, 6])
+    assert stock.dtype == fast.dtype and stock.shape == fast.shape
+    assert stock.tobytes() == fast.tobytes()
+    # points_in_rbbox's 3D corners (the removal's box faces)
+    stock = box_np_ops.center_to_corner_box3d(
+        boxes[:, :3], boxes[:, 3:6], boxes[:, 6], origin=(0.5, 0.5, 0), axis=2)
+    fast = corner_box3d(boxes)
     assert stock.dtype == fast.dtype and stock.shape == fast.shape
     assert stock.tobytes() == fast.tobytes()
 

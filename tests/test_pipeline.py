@@ -613,7 +613,7 @@ def test_four_workers_hold_one_copy_of_the_cache(sample_data):
 def test_cache_that_does_not_fit_says_what_it_needs(sample_data, monkeypatch):
     from mmdet.registry import DATASETS
 
-    from fast_parallel.pipeline import cache as cache_module
+    from fast_parallel.pipeline import cache_plan as cache_module
     cfg = _train_dataset_cfg(sample_data)
     monkeypatch.setattr(cache_module, 'AUTO_SHARE', 1e-9)
     dataset = DATASETS.build(copy.deepcopy(cfg))

@@ -263,8 +263,9 @@ def _compare(cfg: Any, samples: int, seed: int, rounds: int) -> dict:
 
 
 def _warm_cache(dataset: Any) -> None:
-    """Decodes every image of ``dataset`` once into its cache (a run's
-    first epoch), leaving the random states as they were."""
+    """Decodes every image (and reads every gt-database file) of
+    ``dataset`` once into its cache (a run's first epoch), leaving the
+    random states as they were."""
     from fast_parallel.pipeline.cache import FastLoadImageFromFile
     from fast_parallel.pipeline.switch import _pipelines
     for holder, transforms in _pipelines(dataset):
@@ -272,3 +273,8 @@ def _warm_cache(dataset: Any) -> None:
             if type(load) is FastLoadImageFromFile:
                 for i in range(len(holder)):
                     load(holder.get_data_info(i))
+            loader = getattr(
+                getattr(load, 'db_sampler', None), 'points_loader', None)
+            cache = getattr(loader, '_fp_cache', None)
+            for path in getattr(cache, 'slots', ()):
+                loader(dict(lidar_points=dict(lidar_path=path)))

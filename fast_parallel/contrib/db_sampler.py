@@ -15,7 +15,7 @@ the same class, so parity is unaffected. Importing this module imports
 mmdet3d.
 """
 import os
-from typing import Optional
+from typing import Any, List, Optional
 
 import numpy as np
 from mmdet3d.datasets.transforms.dbsampler import DataBaseSampler
@@ -79,6 +79,39 @@ class DataBaseSamplerNp124(DataBaseSampler):
         if not sampled:
             return None
         sampled_gt_bboxes = np.concatenate(sampled_gt_bboxes, axis=0)
+        s_points_list = self.sampled_points(sampled)
+
+        # The one change: upstream has dtype=np.long.
+        gt_labels = np.array([self.cat2label[s['name']] for s in sampled],
+                             dtype=np.int64)
+        if ground_plane is not None:
+            xyz = sampled_gt_bboxes[:, :3]
+            dz = (ground_plane[:3][None, :] * xyz).sum(-1) + ground_plane[3]
+            sampled_gt_bboxes[:, 2] -= dz
+        else:
+            dz = None
+        return {
+            'gt_labels_3d':
+            gt_labels,
+            'gt_bboxes_3d':
+            sampled_gt_bboxes,
+            'points':
+            self.lowered_cloud(s_points_list, dz),
+            'group_ids':
+            np.arange(gt_bboxes.shape[0], gt_bboxes.shape[0] + len(sampled))
+        }
+
+    def sampled_points(self, sampled: List[dict]) -> Any:
+        """The points of each sampled object, read and moved to its box
+        (upstream's loop).
+
+        Args:
+            sampled (list[dict]): The sampled database infos.
+
+        Returns:
+            list[BasePoints]: For :meth:`lowered_cloud` (a subclass may
+            give them in another form its own ``lowered_cloud`` reads).
+        """
         s_points_list = []
         for info in sampled:
             file_path = os.path.join(
@@ -88,23 +121,21 @@ class DataBaseSamplerNp124(DataBaseSampler):
             s_points = self.points_loader(results)['points']
             s_points.translate(info['box3d_lidar'][:3])
             s_points_list.append(s_points)
+        return s_points_list
 
-        # The one change: upstream has dtype=np.long.
-        gt_labels = np.array([self.cat2label[s['name']] for s in sampled],
-                             dtype=np.int64)
-        if ground_plane is not None:
-            xyz = sampled_gt_bboxes[:, :3]
-            dz = (ground_plane[:3][None, :] * xyz).sum(-1) + ground_plane[3]
-            sampled_gt_bboxes[:, 2] -= dz
+    def lowered_cloud(self, s_points_list: Any,
+                      dz: Optional[np.ndarray]) -> Any:
+        """Each object's points lowered by its ``dz`` (the ground plane's,
+        where there is one), concatenated (upstream's steps).
+
+        Args:
+            s_points_list: :meth:`sampled_points`'s.
+            dz (np.ndarray, optional): One height per object.
+
+        Returns:
+            BasePoints: All sampled points, in order.
+        """
+        if dz is not None:
             for i, s_points in enumerate(s_points_list):
                 s_points.tensor[:, 2].sub_(dz[i])
-        return {
-            'gt_labels_3d':
-            gt_labels,
-            'gt_bboxes_3d':
-            sampled_gt_bboxes,
-            'points':
-            s_points_list[0].cat(s_points_list),
-            'group_ids':
-            np.arange(gt_bboxes.shape[0], gt_bboxes.shape[0] + len(sampled))
-        }
+        return s_points_list[0].cat(s_points_list)

@@ -10,26 +10,47 @@ and tests the picked rows only (a row reads only its two boxes). The draws
 are the class samplers' own. Why each is exact: ``docs/pipeline.md``.
 Importing this module imports mmdet3d.
 """
-from typing import Dict, List, Optional
+import os
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import numpy as np
 import torch
+from mmdet3d.datasets.transforms import LoadPointsFromFile
 from mmdet3d.datasets.transforms.data_augment_utils import box_collision_test
 from mmdet3d.datasets.transforms.dbsampler import DataBaseSampler
 from mmdet3d.structures.ops.box_np_ops import corners_nd
+from mmdet3d.structures.points import get_points_type
 
-from fast_parallel.compat.mmdet3d import rotation_kernel
+from fast_parallel.compat.mmdet3d import points_file_read, rotation_kernel
 from fast_parallel.contrib.db_sampler import DataBaseSamplerNp124
 
-__all__ = ['FAST_SAMPLERS', 'corner_box2d', 'fast_sampler_class']
+_READ_NAME = points_file_read()[0]
+
+__all__ = [
+    'FAST_SAMPLERS', 'converted_rotation', 'corner_box2d', 'corner_box3d',
+    'fast_sampler_class', 'plain_loader'
+]
+
+
+def converted_rotation(corners: np.ndarray,
+                       angles: np.ndarray,
+                       axis: int = 0) -> np.ndarray:
+    """mmdet3d's ``rotation_3d_in_axis(corners, angles, axis=axis)`` on
+    numpy arrays, bit for bit and without its ``array_converter``'s
+    inspection: the rotation gets the tensors the converter makes
+    (``torch.tensor(x, dtype=torch.float32)``) and its result comes back
+    as the converter recovers it (``.numpy().astype(corners.dtype)``)."""
+    rotated = rotation_kernel()(
+        torch.tensor(corners, dtype=torch.float32),
+        torch.tensor(angles, dtype=torch.float32),
+        axis=axis)
+    return rotated.cpu().numpy().astype(corners.dtype)
 
 
 def corner_box2d(centers: np.ndarray, dims: np.ndarray,
                  angles: np.ndarray) -> np.ndarray:
     """mmdet3d's ``center_to_corner_box2d(centers, dims, angles)``, bit
-    for bit: the rotation gets the tensors ``array_converter`` makes
-    (``torch.tensor(x, dtype=torch.float32)``) and its result comes back
-    as the converter recovers it (``.numpy().astype(corners.dtype)``).
+    for bit (:func:`converted_rotation`).
 
     Args:
         centers (np.ndarray): ``(N, 2)``.
@@ -39,11 +60,25 @@ def corner_box2d(centers: np.ndarray, dims: np.ndarray,
     Returns:
         np.ndarray: ``(N, 4, 2)`` corners.
     """
-    corners = corners_nd(dims, origin=0.5)
-    rotated = rotation_kernel()(torch.tensor(corners, dtype=torch.float32),
-                                torch.tensor(angles, dtype=torch.float32))
-    corners = rotated.cpu().numpy().astype(corners.dtype)
+    corners = converted_rotation(corners_nd(dims, origin=0.5), angles)
     corners += centers.reshape([-1, 1, 2])
+    return corners
+
+
+def corner_box3d(boxes: np.ndarray) -> np.ndarray:
+    """mmdet3d's ``center_to_corner_box3d(boxes[:, :3], boxes[:, 3:6],
+    boxes[:, 6], origin=(0.5, 0.5, 0), axis=2)`` (``points_in_rbbox``'s
+    corners of LiDAR boxes), bit for bit (:func:`converted_rotation`).
+
+    Args:
+        boxes (np.ndarray): ``(N, 7+)`` LiDAR boxes.
+
+    Returns:
+        np.ndarray: ``(N, 8, 3)`` corners.
+    """
+    corners = corners_nd(boxes[:, 3:6], origin=(0.5, 0.5, 0))
+    corners = converted_rotation(corners, boxes[:, 6], axis=2)
+    corners += boxes[:, :3].reshape([-1, 1, 3])
     return corners
 
 
@@ -92,7 +127,93 @@ class FastDataBaseSampler(_FastSampleClass, DataBaseSampler):
 
 
 class FastDataBaseSamplerNp124(_FastSampleClass, DataBaseSamplerNp124):
-    """``DataBaseSamplerNp124`` with the fast ``sample_class_v2``."""
+    """``DataBaseSamplerNp124`` with the fast ``sample_class_v2``, and the
+    sampled objects' points made as one cloud."""
+
+    def sampled_points(self, sampled: List[dict]) -> Any:
+        """The sampled objects' points as one cloud: each file read and
+        cut to ``use_dim`` as stock's loader does (its errors alike, in
+        order), then one ``float32`` add of each object's box centre to its
+        rows, where stock makes a points object per object and moves each
+        (the same values: each element gets the same ``float32`` add). A
+        loader with other options, or a centre that is not three values,
+        goes upstream's way.
+
+        Args:
+            sampled (list[dict]): The sampled database infos.
+
+        Returns:
+            SampledCloud | list: For :meth:`lowered_cloud`.
+        """
+        loader = self.points_loader
+        if not plain_loader(loader) or any(
+                np.shape(info['box3d_lidar'][:3]) != (3, )
+                for info in sampled):
+            return super().sampled_points(sampled)
+        read = getattr(loader, _READ_NAME)
+        parts = []
+        for info in sampled:
+            file_path = os.path.join(
+                self.data_root,
+                info['path']) if self.data_root else info['path']
+            points = read(file_path).reshape(-1, loader.load_dim)
+            parts.append(points[:, loader.use_dim])
+        centres = torch.tensor(
+            np.stack([info['box3d_lidar'][:3] for info in sampled]),
+            dtype=torch.float32)
+        counts = [len(part) for part in parts]
+        # row-major, as stock's torch.cat gives (numpy would keep the
+        # parts' column-major order)
+        cloud = np.empty((sum(counts), parts[0].shape[1]), parts[0].dtype)
+        tensor = torch.from_numpy(np.concatenate(parts, out=cloud))
+        tensor[:, :3] += torch.repeat_interleave(
+            centres, torch.tensor(counts), dim=0)
+        return SampledCloud(tensor, counts, get_points_type(loader.coord_type))
+
+    def lowered_cloud(self, s_points_list: Any,
+                      dz: Optional[np.ndarray]) -> Any:
+        """Upstream's ``lowered_cloud`` for one :class:`SampledCloud`: each
+        object's rows lowered by its ``dz`` with upstream's own call (a
+        ``sub_`` of the same scalar on a view of its rows), one points
+        object.
+
+        Args:
+            s_points_list: :meth:`sampled_points`'s.
+            dz (np.ndarray, optional): One height per object.
+
+        Returns:
+            BasePoints: All sampled points, in order.
+        """
+        if not isinstance(s_points_list, SampledCloud):
+            return super().lowered_cloud(s_points_list, dz)
+        tensor = s_points_list.tensor
+        if dz is not None:
+            start = 0
+            for i, count in enumerate(s_points_list.counts):
+                tensor[start:start + count, 2].sub_(dz[i])
+                start += count
+        return s_points_list.points_class(
+            tensor, points_dim=tensor.shape[1], attribute_dims=None)
+
+
+class SampledCloud(NamedTuple):
+    """The sampled objects' points, moved to their boxes, in one tensor."""
+
+    tensor: torch.Tensor
+    counts: List[int]
+    points_class: type
+
+
+def plain_loader(loader: object) -> bool:
+    """Whether ``loader`` is mmdet3d's ``LoadPointsFromFile`` (or its
+    cached form) reading LiDAR points without intensity or elongation
+    norms, height or colour: its points are the file's ``use_dim``
+    columns, as they are."""
+    from fast_parallel.pipeline.points_cache import FastLoadPointsFromFile
+    return type(loader) in (LoadPointsFromFile, FastLoadPointsFromFile) \
+        and loader.coord_type == 'LIDAR' and not (
+            loader.norm_intensity or loader.norm_elongation
+            or loader.shift_height or loader.use_color)
 
 
 #: Sampler class (exact) -> its fast form.

@@ -32,12 +32,15 @@ def box_faces(boxes: np.ndarray) -> tuple:
 
     Returns:
         tuple: ``normal_vec`` ``(M, 6, 3)`` and ``d`` ``(M, 6)``, computed by
-        mmdet3d's own ``center_to_corner_box3d``, ``corner_to_surfaces_3d``
-        and ``surface_equ_3d``, as ``points_in_rbbox`` computes them.
+        mmdet3d's own ``center_to_corner_box3d`` (its steps, without the
+        converter's inspection: ``db_sampler.corner_box3d``),
+        ``corner_to_surfaces_3d`` and ``surface_equ_3d``, as
+        ``points_in_rbbox`` computes them.
     """
     from mmdet3d.structures.ops import box_np_ops
-    corners = box_np_ops.center_to_corner_box3d(
-        boxes[:, :3], boxes[:, 3:6], boxes[:, 6], origin=(0.5, 0.5, 0), axis=2)
+
+    from fast_parallel.pipeline.db_sampler import corner_box3d
+    corners = corner_box3d(boxes)
     surfaces = box_np_ops.corner_to_surfaces_3d(corners)
     return box_np_ops.surface_equ_3d(surfaces[:, :, :3, :])
 

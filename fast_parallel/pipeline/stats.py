@@ -24,7 +24,9 @@ COUNTS: Counter = Counter()
 #: The shared totals, by the start of the keys they sum.
 CATEGORIES = ('samples', 'stock: ', 'stock copy: ', 'mix loads reused',
               'cache: hits', 'cache: decoded', 'cache: full',
-              'cache: file changed')
+              'cache: file changed', 'cache: gt-database hits',
+              'cache: gt-database files read', 'cache: disk file unreadable',
+              'cache: disk write failed')
 
 
 class _Shared:

@@ -13,7 +13,8 @@ from mmcv.transforms import LoadImageFromFile
 from mmengine.dataset import BaseDataset
 
 from fast_parallel.outcome import Outcome
-from fast_parallel.pipeline.cache import FastLoadImageFromFile, install_cache
+from fast_parallel.pipeline.cache import FastLoadImageFromFile
+from fast_parallel.pipeline.cache_plan import install_cache
 from fast_parallel.pipeline.cached_mixes import (FastCachedMixUp,
                                                  FastCachedMosaic)
 from fast_parallel.pipeline.colour import FastYOLOXHSVRandomAug
@@ -45,6 +46,8 @@ LAZY_SWAPS: Dict[str, str] = {
     'fast_parallel.pipeline.object_sample:FastObjectSample',
     'LoadPointsFromMultiSweeps':
     'fast_parallel.pipeline.sweeps:FastLoadPointsFromMultiSweeps',
+    'PointsRangeFilter':
+    'fast_parallel.pipeline.point_filters:FastPointsRangeFilter',
 }
 
 #: Transforms left stock on purpose, and why (the start line says it).
@@ -153,8 +156,8 @@ def switch_pipeline(dataset: Any,
         dataset: The train DataLoader's dataset, before its workers start.
         enabled (bool): ``FastParallelHook(fast_pipeline=...)``.
         cache_inputs (str, optional): ``FastParallelHook(cache_inputs=...)``
-            (:func:`~fast_parallel.pipeline.cache.install_cache`). Defaults
-            to None (off).
+            (:func:`~fast_parallel.pipeline.cache_plan.install_cache`).
+            Defaults to None (off).
         forked (bool): Whether its DataLoader workers fork from this
             process. Defaults to True.
 
@@ -168,7 +171,7 @@ def switch_pipeline(dataset: Any,
         return Outcome('pipeline', False, 'fast_pipeline=False')
     fast: List[str] = []
     stock: Dict[str, str] = {}
-    loads = []
+    loads, databases = [], []
     for holder, transforms in _pipelines(dataset):
         if _switch_mixer(holder, stock):
             fast.append('MultiImageMixDataset')
@@ -186,9 +189,11 @@ def switch_pipeline(dataset: Any,
                 fast.append(form[0])
                 if hasattr(transform, 'switch_parts'):
                     stock.update(transform.switch_parts())
+                if form[0] == 'ObjectSample':
+                    databases.append((holder, transform.db_sampler))
             elif cls.__name__ in STAYS_STOCK:
                 stock[cls.__name__] = STAYS_STOCK[cls.__name__]
-    cache = install_cache(loads, cache_inputs, forked)
+    cache = install_cache(loads, cache_inputs, forked, databases)
     names = list(dict.fromkeys(fast))
     left = ''.join(f'; {name} stock ({why})' for name, why in stock.items())
     if not names:
