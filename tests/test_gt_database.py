@@ -22,7 +22,7 @@ def _samplers(sample_data, **loader):
     from mmdet3d.utils import register_all_modules
 
     from fast_parallel.pipeline.db_sampler import fast_sampler_class
-    register_all_modules(init_default_scope=False)
+    register_all_modules(init_default_scope=True)  # whatever ran before
     cfg = load_preset('pointpillars', sample_data).train_dataloader.dataset
     step = next(t for t in cfg.dataset.pipeline if t['type'] == 'ObjectSample')
     sampler_cfg = copy.deepcopy(step['db_sampler'])
