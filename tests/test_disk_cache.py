@@ -86,7 +86,7 @@ def test_disk_cache_gives_a_new_array_of_what_was_decoded(tmp_path):
 
 
 def test_file_names_hold_the_decoder_versions():
-    assert decoder_versions('cv2').startswith(f'cv2 {cv2.__version__}; mmcv ')
+    assert decoder_versions('cv2').startswith(f'cv2 {cv2.__version__} (build ')
     assert ' PIL ' in decoder_versions('pillow') + ' '
 
 
@@ -144,3 +144,10 @@ def test_bad_cache_inputs_fail_at_once(value):
             ValueError, match="cache_inputs must be 'auto', "
             "'disk:DIR' or None"):
         FastParallelHook(cache_inputs=value)
+
+
+def test_disk_folder_is_stripped_and_expanded():
+    from fast_parallel.pipeline.cache_plan import disk_folder
+    assert disk_folder('disk: ~/decoded ') == os.path.expanduser('~/decoded')
+    assert disk_folder('disk:/data/x') == '/data/x'
+    assert disk_folder('auto') is None and disk_folder(None) is None

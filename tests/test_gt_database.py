@@ -61,8 +61,9 @@ def _database(rng, tmp_path, n, load_dim, box_dtype,
 def test_sampled_points_as_one_cloud_are_stocks(sample_data, tmp_path, case):
     """``sampled_points`` then ``lowered_cloud`` (what ``sample_all``
     makes of them) against upstream's steps: drawn point counts (0 and 1
-    included), box centres in float32 and float64, load widths and kept
-    columns, with and without a ground plane's heights."""
+    included, every object empty in some cases), box centres in float32
+    and float64, load widths and kept columns, with and without a ground
+    plane's heights."""
     rng = np.random.default_rng(case)
     load_dim = [4, 5, 6][case % 3]
     use_dim = [list(range(load_dim)), [0, 1, 2], [3, 0, 1, 2]][case // 3 % 3]
@@ -70,7 +71,8 @@ def test_sampled_points_as_one_cloud_are_stocks(sample_data, tmp_path, case):
     for sampler in (stock, fast):
         sampler.data_root = str(tmp_path)
     infos = _database(rng, tmp_path, int(rng.integers(1, 9)), load_dim,
-                      [np.float32, np.float64][case % 2])
+                      [np.float32, np.float64][case % 2],
+                      (0, ) if case % 6 == 5 else (0, 1, 2, 57, 800))
     dz = None if case % 4 == 0 else rng.uniform(-2, 2, len(infos))
     parts = [s.sampled_points(infos) for s in (stock, fast)]
     assert type(parts[1]).__name__ == 'SampledCloud'  # one cloud

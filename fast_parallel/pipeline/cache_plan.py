@@ -9,6 +9,7 @@ database when all of it fits :data:`AUTO_SHARE` of the available memory.
 (:mod:`~fast_parallel.pipeline.disk_cache`). Why and how: ``docs/
 pipeline.md``.
 """
+import os
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -48,7 +49,7 @@ def disk_folder(cache_inputs: Optional[str]) -> Optional[str]:
         return None
     if isinstance(cache_inputs, str) and cache_inputs.startswith(_DISK) \
             and cache_inputs[len(_DISK):].strip():
-        return cache_inputs[len(_DISK):]
+        return os.path.expanduser(cache_inputs[len(_DISK):].strip())
     raise ValueError("cache_inputs must be 'auto', 'disk:DIR' or None, got "
                      f'{cache_inputs!r}')
 

@@ -162,10 +162,12 @@ class FastDataBaseSamplerNp124(_FastSampleClass, DataBaseSamplerNp124):
             np.stack([info['box3d_lidar'][:3] for info in sampled]),
             dtype=torch.float32)
         counts = [len(part) for part in parts]
-        # row-major, as stock's torch.cat gives (numpy would keep the
-        # parts' column-major order)
-        cloud = np.empty((sum(counts), parts[0].shape[1]), parts[0].dtype)
-        tensor = torch.from_numpy(np.concatenate(parts, out=cloud))
+        # row-major in torch's memory, as stock's torch.cat gives it (numpy
+        # would keep the parts' column-major order, and an empty array's
+        # strides are numpy's own)
+        tensor = torch.empty((sum(counts), parts[0].shape[1]),
+                             dtype=torch.float32)
+        np.concatenate(parts, out=tensor.numpy())
         tensor[:, :3] += torch.repeat_interleave(
             centres, torch.tensor(counts), dim=0)
         return SampledCloud(tensor, counts, get_points_type(loader.coord_type))

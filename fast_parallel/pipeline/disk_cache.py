@@ -2,8 +2,9 @@
 
 One file per image and decode, named by a hash of the image's absolute
 path, its size and mtime, the decode flags and the versions of the
-decoders (OpenCV, mmcv, and the backend's own where it is not OpenCV): a
-changed file or decoder is a new name, so a stale file is never read. A
+decoders (OpenCV's version and build, mmcv, and the backend's own where it
+is not OpenCV): a changed file or decoder is a new name, so a stale file is
+never read (an image rewritten with its old size and mtime is not seen). A
 file is written under a temporary name and renamed, so a reader sees a
 whole file or none; a hit is read into a new array (C-ordered, owning its
 memory, writeable: what a decode gives). Workers forked or spawned, and
@@ -42,7 +43,11 @@ def decoder_versions(backend: str) -> str:
 
     import cv2
     import mmcv
-    found = [f'cv2 {cv2.__version__}', f'mmcv {mmcv.__version__}']
+    build = hashlib.sha256(cv2.getBuildInformation().encode()).hexdigest()
+    found = [
+        f'cv2 {cv2.__version__} (build {build[:16]})',
+        f'mmcv {mmcv.__version__}'
+    ]
     module = _BACKEND_MODULES.get(backend)
     if module is not None:
         try:
@@ -112,6 +117,8 @@ class DiskCache:
             os.makedirs(os.path.dirname(file), exist_ok=True)
             with open(temporary, 'wb') as f:
                 np.lib.format.write_array(f, img, allow_pickle=False)
+                f.flush()
+                os.fsync(f.fileno())  # whole on disk before it has a name
             os.replace(temporary, file)
         except OSError as e:
             count(f'cache: disk write failed ({type(e).__name__})')
