@@ -1,6 +1,8 @@
 """fast_parallel/data/ring.py: shared slots reused across batches, never
 early."""
 import gc
+import os
+import sys
 
 import pytest
 import torch
@@ -139,3 +141,61 @@ def test_no_ring_outside_workers():
     assert packed.ticket is None
     assert pack([torch.ones(3)], allocate=SharedRing().allocate).ticket \
         is None
+
+
+def _shared_memory_links() -> list:
+    """(descriptor, target) of this process's open shared-memory files."""
+    out = []
+    for fd in os.listdir('/proc/self/fd'):
+        try:
+            link = os.readlink(f'/proc/self/fd/{fd}')
+        except OSError:  # the listing's own descriptor, closed since
+            continue
+        if link.startswith(('/dev/shm/', '/memfd:')):
+            out.append((fd, link))
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='reads /proc')
+@pytest.mark.parametrize(
+    'ring', ['default', 'one slot', None], ids=['default', 'one-slot', 'none'])
+def test_worker_buffers_never_have_a_name_in_dev_shm(ring):
+    """torch names a segment ``/dev/shm/torch_<pid>_...`` from its
+    ``shm_open`` to its ``shm_unlink``: a worker killed in between (its
+    trainer died) leaves it there until reboot. Every buffer a fast worker
+    sends is a memfd instead (the one-slot ring, with every batch held,
+    sends fresh buffers from its second batch on)."""
+    ring = {
+        'default': ring_module.DEFAULT_RING,
+        'one slot': SharedRing(1),
+        None: None
+    }[ring]
+    before = set(_shared_memory_links())
+    dataset = Clouds()
+    loader = DataLoader(
+        dataset,
+        batch_size=3,
+        num_workers=2,
+        collate_fn=PackedCollate(ring=ring))
+    held = [packed.unpack() for packed in loader]
+    new = [link for _, link in set(_shared_memory_links()) - before]
+    assert [link for link in new if link.startswith('/dev/shm/')] == []
+    assert any(link.startswith('/memfd:fast_parallel') for link in new), new
+    for b, batch in enumerate(held):
+        assert_same_tree(batch, stock_batch(dataset, b, 3))
+
+
+def test_nameless_shared_memory_follows_the_sharing_strategy():
+    import torch.multiprocessing as mp
+
+    from fast_parallel.compat import nameless_shared_empty
+    made = nameless_shared_empty(5, torch.float64)
+    assert made.is_shared() and made.shape == (5, )
+    assert made.dtype == torch.float64
+    assert nameless_shared_empty(0, torch.uint8).shape == (0, )
+    strategy = mp.get_sharing_strategy()
+    mp.set_sharing_strategy('file_system')
+    try:  # torch's manager cleans names there: torch's own way
+        assert nameless_shared_empty(3, torch.int32).is_shared()
+    finally:
+        mp.set_sharing_strategy(strategy)

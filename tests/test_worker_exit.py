@@ -109,6 +109,15 @@ def _children(pid: int) -> List[int]:
     return found
 
 
+def _shm_names() -> set:
+    """torch's named segments in ``/dev/shm``: a worker killed between
+    torch's ``shm_open`` and ``shm_unlink`` would leave one (the fast path's
+    buffers are nameless: ``test_ring.py``)."""
+    if not os.path.isdir('/dev/shm'):
+        return set()
+    return {n for n in os.listdir('/dev/shm') if n.startswith('torch_')}
+
+
 def _train_until(args: List[str], pattern: str, env: dict):
     """Starts tools/train.py; returns it once a log line matches."""
     proc = subprocess.Popen([sys.executable, 'tools/train.py', *args],
@@ -134,6 +143,7 @@ def test_no_worker_outlives_a_killed_trainer(sample_data, tmp_path, signum):
     """Epoch loop, persistent workers (4, as upstream), the fast path, real
     CenterPoint batches: the trainer killed in the middle of epoch 1."""
     data = f'{sample_data}/nuscenes/'
+    shm_before = _shm_names()
     proc, lines = _train_until([
         CENTERPOINT, '--work-dir',
         str(tmp_path), '--cfg-options', 'train_cfg.max_epochs=50',
@@ -157,6 +167,7 @@ def test_no_worker_outlives_a_killed_trainer(sample_data, tmp_path, signum):
     for pid in left:  # leave nothing behind, then fail
         os.kill(pid, signal.SIGKILL)
     assert left == [], f'workers alive 10 s after {signum.name}: {left}'
+    assert _shm_names() - shm_before == set()
 
 
 @LINUX
@@ -175,8 +186,7 @@ def test_no_worker_outlives_a_trainer_that_raises(sample_data, tmp_path):
     cfg.train_dataloader.num_workers = 4
     cfg.default_hooks.checkpoint = None
     config = with_fault_hook(cfg, 'RaiseAtIterHook', tmp_path / 'raises.py')
-    shm_before = set(
-        os.listdir('/dev/shm')) if os.path.isdir('/dev/shm') else set()
+    shm_before = _shm_names()
     proc, _ = _train_until([str(config), '--work-dir',
                             str(tmp_path / 'work')],
                            r'Epoch\(train\) +\[1\]\[ *2/\d+\]',
@@ -189,11 +199,5 @@ def test_no_worker_outlives_a_trainer_that_raises(sample_data, tmp_path):
     while _alive(workers) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _alive(workers) == []
-    if shm_before or os.path.isdir('/dev/shm'):
-        left = {
-            name
-            for name in set(os.listdir('/dev/shm')) - shm_before
-            if name.startswith('torch_')
-        }
-        assert left == set(), left
+    assert _shm_names() - shm_before == set()
     shutil.rmtree(tmp_path / 'work', ignore_errors=True)

@@ -265,6 +265,46 @@ def storage_use_count(tensor: Any) -> int:
     return count(storage._cdata) + sys.getrefcount(storage)
 
 
+def nameless_shared_empty(numel: int, dtype: Any) -> Any:
+    """A 1-D CPU tensor in shared memory that never has a name.
+
+    torch's ``share_memory_()`` (and the pickling of a tensor into a
+    worker's queue) makes ``/dev/shm/torch_<pid>_...`` and unlinks it right
+    after mapping it: a process killed between the two (a DataLoader worker
+    whose trainer died) leaves the segment in ``/dev/shm`` until reboot.
+    Here the memory is a Linux ``memfd`` mapped by torch's own file-descriptor
+    storage (``UntypedStorage._new_shared_fd_cpu``, as a receiving process
+    maps it): it is shared the same way (pickling hands over the same
+    descriptor) and ends with the last process that maps it, whatever kills
+    them. Elsewhere (no ``memfd_create``, or the ``file_system`` sharing
+    strategy, whose names torch's manager cleans) it is ``share_memory_()``.
+
+    Args:
+        numel (int): Elements.
+        dtype (torch.dtype): Their dtype.
+
+    Returns:
+        Tensor: Uninitialised, ``is_shared()``.
+    """
+    import os
+
+    import torch
+    import torch.multiprocessing as mp
+    if (not hasattr(os, 'memfd_create')
+            or mp.get_sharing_strategy() != 'file_descriptor'):
+        return torch.empty(numel, dtype=dtype).share_memory_()
+    new_shared_fd = private(torch.UntypedStorage, '_new_shared_fd_cpu',
+                            'torch', 'nameless shared memory (the ring)')
+    nbytes = max(numel * torch.empty(0, dtype=dtype).element_size(), 1)
+    fd = os.memfd_create('fast_parallel', os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, nbytes)
+        storage = new_shared_fd(fd, nbytes)  # maps a duplicate of fd
+    finally:
+        os.close(fd)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, (numel, ))
+
+
 def worker_pids(iterator: Any) -> list:
     """The process ids of a DataLoader iterator's workers (torch's
     ``_workers``); [] for a single-process one."""

@@ -9,14 +9,14 @@ from torch.utils.data import get_worker_info
 from fast_parallel.data.batch import PackedBatch
 from fast_parallel.data.loader_state import LoaderState
 from fast_parallel.data.packing import pack
-from fast_parallel.data.ring import DEFAULT_RING, SharedRing
+from fast_parallel.data.ring import DEFAULT_RING, SharedRing, fresh_shared
 from fast_parallel.random_states import random_states
 
 
 def _pack_in_ring(tree, ring: Optional[SharedRing]) -> PackedBatch:
     """``pack`` into the worker's shared ring (fresh buffers elsewhere)."""
     if ring is None:
-        return pack(tree)
+        return pack(tree, allocate=fresh_shared)
     packed = pack(tree, allocate=ring.allocate)
     packed.ticket, ring.last = ring.last, None
     return packed

@@ -21,7 +21,8 @@ evaluator holding ground truth, a hook's ``x.detach().numpy()``) let go.
 A worker that finds no free slot never waits: it packs into fresh buffers,
 exactly as without the ring. So a slot is never written while anything can
 still read it, and the numbers the model sees are the same bytes either
-way.
+way. All of a worker's buffers are nameless shared memory (a ``memfd``), so
+a worker killed with its trainer leaves nothing in ``/dev/shm``.
 """
 import functools
 import os
@@ -30,7 +31,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch.utils.data import get_worker_info
 
-from fast_parallel.compat import storage_use_count
+from fast_parallel.compat import nameless_shared_empty, storage_use_count
 
 Sizes = Dict[torch.dtype, int]
 _Key = Tuple[int, int]  # (worker pid, slot id)
@@ -42,7 +43,8 @@ class _Slot:
     def __init__(self, slot_id: int) -> None:
         self.id = slot_id
         self.generation = 0
-        self.flag = torch.zeros(1, dtype=torch.int32).share_memory_()
+        self.flag = nameless_shared_empty(1, torch.int32)
+        self.flag[0] = 0
         self.storages: Dict[torch.dtype, torch.Tensor] = {}
         self.sent = False
 
@@ -56,8 +58,8 @@ class _Slot:
     def grow(self, sizes: Sizes, headroom: float) -> None:
         for dt, n in sizes.items():
             if dt not in self.storages or self.storages[dt].numel() < n:
-                self.storages[dt] = torch.empty(
-                    int(n * headroom) + 64, dtype=dt).share_memory_()
+                self.storages[dt] = nameless_shared_empty(
+                    int(n * headroom) + 64, dt)
         self.generation += 1
         self.sent = False
 
@@ -84,6 +86,26 @@ class RingTicket:
         return (self.pid, slot.id, slot.generation, self.sizes,
                 dict(slot.storages) if first else None,
                 slot.flag if first else None)
+
+
+def fresh_shared(sizes: Sizes) -> Optional[Dict[torch.dtype, torch.Tensor]]:
+    """Inside a DataLoader worker, fresh buffers in nameless shared memory.
+
+    A buffer the worker's queue pickles unshared gets a named
+    ``/dev/shm`` segment first, which a worker killed at that moment (its
+    trainer died) would leave behind; these cross by their descriptor
+    (:func:`~fast_parallel.compat.nameless_shared_empty`).
+
+    Args:
+        sizes (dict): Elements needed per dtype.
+
+    Returns:
+        dict or None: One buffer per dtype; None outside a worker (``pack``
+        then allocates as it would, pinned where asked).
+    """
+    if get_worker_info() is None:
+        return None
+    return {dt: nameless_shared_empty(n, dt) for dt, n in sizes.items()}
 
 
 class SharedRing:
@@ -122,7 +144,8 @@ class SharedRing:
             sizes (dict): Elements needed per dtype.
 
         Returns:
-            dict or None: 1-D views of the slot's shared storages.
+            dict or None: 1-D views of the slot's shared storages; where no
+            slot is free, fresh nameless shared buffers (:func:`fresh_shared`).
         """
         self.last = None
         if get_worker_info() is None:
@@ -137,7 +160,7 @@ class SharedRing:
         if slot is None and free:
             slot = free[0]
         if slot is None:
-            return None
+            return fresh_shared(sizes)
         if not slot.fits(sizes):
             slot.grow(sizes, self.headroom)
         slot.flag[0] = 1
