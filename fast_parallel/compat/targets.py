@@ -80,7 +80,32 @@ UPSTREAM: Dict[str, Tuple[str, str, str]] = {
     'gaussian_2d': ('mmdet3d.models.utils', 'gaussian_2d', 'mmdet3d'),
     'LiDARInstance3DBoxes': ('mmdet3d.structures', 'LiDARInstance3DBoxes',
                              'mmdet3d'),
+    # the DETR family
+    'DETRHead': (_DENSE, 'DETRHead', 'mmdet'),
+    'DeformableDETRHead': (_DENSE, 'DeformableDETRHead', 'mmdet'),
+    'DINOHead': (_DENSE, 'DINOHead', 'mmdet'),
+    'ConditionalDETRHead': (_DENSE, 'ConditionalDETRHead', 'mmdet'),
+    'DABDETRHead': (_DENSE, 'DABDETRHead', 'mmdet'),
+    'HungarianAssigner': (_ASSIGNERS, 'HungarianAssigner', 'mmdet'),
+    'FocalLossCost': (_ASSIGNERS, 'FocalLossCost', 'mmdet'),
+    'ClassificationCost': (_ASSIGNERS, 'ClassificationCost', 'mmdet'),
+    'BBoxL1Cost': (_ASSIGNERS, 'BBoxL1Cost', 'mmdet'),
+    'IoUCost': (_ASSIGNERS, 'IoUCost', 'mmdet'),
+    'bbox_overlaps': ('mmdet.structures.bbox', 'bbox_overlaps', 'mmdet'),
+    'bbox_cxcywh_to_xyxy': ('mmdet.structures.bbox', 'bbox_cxcywh_to_xyxy',
+                            'mmdet'),
+    'linear_sum_assignment': (f'{_ASSIGNERS}.hungarian_assigner',
+                              'linear_sum_assignment', 'mmdet'),
+    'QualityFocalLoss': ('mmdet.models.losses', 'QualityFocalLoss', 'mmdet'),
+    'GIoULoss': ('mmdet.models.losses', 'GIoULoss', 'mmdet'),
+    'L1Loss': ('mmdet.models.losses', 'L1Loss', 'mmdet'),
+    'giou_loss': ('mmdet.models.losses.iou_loss', 'giou_loss', 'mmdet'),
+    'l1_loss': ('mmdet.models.losses', 'l1_loss', 'mmdet'),
 }
+
+#: DINOHead's denoising loss of one decoder layer (private), which the
+#: batched denoising targets stand in for.
+DN_LOSS_SINGLE = '_loss_dn_single'
 
 #: The per-image target method of mmdet's dense heads (private), which the
 #: batched targets stand for and fall back to.
@@ -110,6 +135,14 @@ STANDS_FOR: Dict[str, Tuple[str, ...]] = {
     'Det3DDataPreprocessor': ('voxelize', ),
     'Voxelization': ('forward', ),
     'PointPillarsScatter': ('forward', 'forward_batch'),
+    'DETRHead':
+    ('loss_by_feat', 'loss_by_feat_single', 'get_targets', TARGETS_SINGLE),
+    'DINOHead': ('loss_by_feat', 'loss_by_feat_single', 'get_targets',
+                 TARGETS_SINGLE, DN_LOSS_SINGLE, 'get_dn_targets',
+                 '_get_dn_targets_single', 'split_outputs'),
+    'HungarianAssigner': ('assign', ),
+    'MatchCost': ('__call__', '_focal_loss_cost'),
+    'Loss': ('forward', ),
 }
 
 #: The ``train_cfg`` keys mmdet3d's ``CenterHead.get_targets_single`` reads.
@@ -179,6 +212,37 @@ def raw_positive_infos(head: Any) -> dict:
     """
     return private(head, '_raw_positive_infos', 'mmdet',
                    'the sampling results get_positive_infos reads')
+
+
+#: torch's hook tables a plain ``module(...)`` call runs (private).
+_MODULE_HOOKS = ('_forward_hooks', '_forward_pre_hooks',
+                 '_forward_hooks_with_kwargs', '_forward_hooks_always_called',
+                 '_backward_hooks', '_backward_pre_hooks')
+_GLOBAL_HOOKS = ('_global_forward_hooks', '_global_forward_pre_hooks',
+                 '_global_backward_hooks', '_global_backward_pre_hooks')
+
+
+def runs_forward_only(module: Any) -> bool:
+    """Whether ``module(...)`` would run nothing but its class's
+    ``forward``: no hook on it or on every module, no ``forward`` set on
+    the instance (the batched DETR losses then run that forward's body).
+
+    Args:
+        module (nn.Module): A loss module.
+
+    Returns:
+        bool: True when nothing else would run.
+    """
+    import torch.nn.modules.module as torch_module
+    used_for = 'the batched DETR losses (whether a loss call runs hooks)'
+    if 'forward' in vars(module):
+        return False
+    for name in _MODULE_HOOKS:
+        if private(module, name, 'torch', used_for):
+            return False
+    return not any(
+        private(torch_module, name, 'torch', used_for)
+        for name in _GLOBAL_HOOKS)
 
 
 def upstream(key: str) -> Any:

@@ -16,6 +16,7 @@ from mmengine.model import is_model_wrapper
 from torch import nn
 
 from fast_parallel.compat import YOLOX_HEAD_METHODS
+from fast_parallel.compat.targets import DN_LOSS_SINGLE
 from fast_parallel.outcome import Outcome
 from fast_parallel.step.targets.stats import TargetStats
 
@@ -80,6 +81,22 @@ COVERED: Tuple[Covered, ...] = (
         unit='samples',
         replaces=('get_targets', ),
         stock_targets=('get_targets', )),
+    *(Covered(
+        head=head,
+        assigner='HungarianAssigner',
+        package='hungarian',
+        unit='images',
+        replaces=('loss_by_feat', 'loss_by_feat_single'),
+        stock_targets=('get_targets', ))
+      for head in ('DETRHead', 'DeformableDETRHead', 'ConditionalDETRHead',
+                   'DABDETRHead')),
+    Covered(
+        head='DINOHead',
+        assigner='HungarianAssigner',
+        package='hungarian',
+        unit='images',
+        replaces=('loss_by_feat', 'loss_by_feat_single', DN_LOSS_SINGLE),
+        stock_targets=('get_targets', 'get_dn_targets')),
     Covered(
         head='StandardRoIHead',
         assigner='MaxIoUAssigner',
@@ -127,8 +144,9 @@ def install(head: nn.Module, covered: Covered) -> TargetStats:
     stats = TargetStats(name, covered.unit)
     module = family(covered)
     head.fast_target_stats = stats
-    for name in covered.replaces:
-        setattr(head, name, MethodType(getattr(module, name), head))
+    for name in covered.replaces:  # '_x' is the family's function 'x'
+        setattr(head, name,
+                MethodType(getattr(module, name.lstrip('_')), head))
     return stats
 
 
