@@ -428,3 +428,25 @@ def test_loss_modules_with_hooks_are_called_as_modules():
     assert runs_forward_only(head.loss_iou)
     head.loss_bbox.forward = head.loss_bbox.forward
     assert not runs_forward_only(head.loss_bbox)
+
+
+@pytest.mark.parametrize('config', [DINO, DETR])
+def test_a_batch_without_ground_truths_equals_stock(config):
+    """No image has a ground truth: no matching; every query background,
+    the box losses stock's zero sums (no positive weight)."""
+    head = build_head(config, num_classes=7)
+    scores, boxes, _, metas = random_batch(9, 12, head.cls_out_channels,
+                                           'cpu')
+    gts = [
+        InstanceData(
+            bboxes=torch.zeros(0, 4), labels=torch.zeros(0,
+                                                         dtype=torch.long))
+        for _ in metas
+    ]
+    stock = _losses_and_grads(type(head).loss_by_feat_single, head, scores,
+                              boxes, gts, metas)
+    fast = _losses_and_grads(hungarian.loss_by_feat_single, head, scores,
+                             boxes, gts, metas)
+    assert len(stock) == 5
+    for a, b in zip(stock, fast):
+        assert_same(a, b)

@@ -22,6 +22,20 @@ from mmdet3d.datasets.transforms.dbsampler import DataBaseSampler
 from mmdet3d.registry import TRANSFORMS
 
 
+def database_path(data_root: Optional[str], info: dict) -> str:
+    """A gt-database object's points file, as mmdet3d's ``sample_all``
+    names it (the readers and the cache must agree on it).
+
+    Args:
+        data_root (str, optional): The sampler's ``data_root``.
+        info (dict): The object's database info (``path``).
+
+    Returns:
+        str: The file's path.
+    """
+    return os.path.join(data_root, info['path']) if data_root else info['path']
+
+
 @TRANSFORMS.register_module()
 class DataBaseSamplerNp124(DataBaseSampler):
     """``DataBaseSampler`` whose ``sample_all`` runs on numpy >= 1.24.
@@ -114,9 +128,7 @@ class DataBaseSamplerNp124(DataBaseSampler):
         """
         s_points_list = []
         for info in sampled:
-            file_path = os.path.join(
-                self.data_root,
-                info['path']) if self.data_root else info['path']
+            file_path = database_path(self.data_root, info)
             results = dict(lidar_points=dict(lidar_path=file_path))
             s_points = self.points_loader(results)['points']
             s_points.translate(info['box3d_lidar'][:3])

@@ -10,7 +10,6 @@ and tests the picked rows only (a row reads only its two boxes). The draws
 are the class samplers' own. Why each is exact: ``docs/pipeline.md``.
 Importing this module imports mmdet3d.
 """
-import os
 from typing import Any, Dict, List, NamedTuple, Optional
 
 import numpy as np
@@ -21,10 +20,10 @@ from mmdet3d.datasets.transforms.dbsampler import DataBaseSampler
 from mmdet3d.structures.ops.box_np_ops import corners_nd
 from mmdet3d.structures.points import get_points_type
 
-from fast_parallel.compat.mmdet3d import points_file_read, rotation_kernel
-from fast_parallel.contrib.db_sampler import DataBaseSamplerNp124
-
-_READ_NAME = points_file_read()[0]
+from fast_parallel.compat.mmdet3d import rotation_kernel
+from fast_parallel.contrib.db_sampler import (DataBaseSamplerNp124,
+                                              database_path)
+from fast_parallel.pipeline.points_cache import READ_NAME
 
 __all__ = [
     'FAST_SAMPLERS', 'converted_rotation', 'corner_box2d', 'corner_box3d',
@@ -150,12 +149,10 @@ class FastDataBaseSamplerNp124(_FastSampleClass, DataBaseSamplerNp124):
                 np.shape(info['box3d_lidar'][:3]) != (3, )
                 for info in sampled):
             return super().sampled_points(sampled)
-        read = getattr(loader, _READ_NAME)
+        read = getattr(loader, READ_NAME)
         parts = []
         for info in sampled:
-            file_path = os.path.join(
-                self.data_root,
-                info['path']) if self.data_root else info['path']
+            file_path = database_path(self.data_root, info)
             points = read(file_path).reshape(-1, loader.load_dim)
             parts.append(points[:, loader.use_dim])
         centres = torch.tensor(

@@ -17,11 +17,13 @@ from mmdet3d.datasets.transforms import LoadPointsFromFile
 from mmdet3d.datasets.transforms.dbsampler import DataBaseSampler
 
 from fast_parallel.compat.mmdet3d import points_file_read
+from fast_parallel.contrib.db_sampler import database_path
 from fast_parallel.pipeline.stats import count
 
 __all__ = ['FastLoadPointsFromFile', 'database_files']
 
-_READ_NAME, _stock_read = points_file_read()
+#: The name of stock's file read on ``LoadPointsFromFile`` (compat).
+READ_NAME, _stock_read = points_file_read()
 
 
 class FastLoadPointsFromFile(LoadPointsFromFile):
@@ -58,7 +60,7 @@ class FastLoadPointsFromFile(LoadPointsFromFile):
         return points
 
 
-setattr(FastLoadPointsFromFile, _READ_NAME, FastLoadPointsFromFile.read_points)
+setattr(FastLoadPointsFromFile, READ_NAME, FastLoadPointsFromFile.read_points)
 
 
 def database_files(sampler: Any) -> Union[Tuple[Any, List[str], int], str]:
@@ -88,7 +90,7 @@ def database_files(sampler: Any) -> Union[Tuple[Any, List[str], int], str]:
         for info in sampler.group_db_infos.get(name, ()):
             if 'num_points_in_gt' not in info or 'path' not in info:
                 return 'the gt-database infos give no point counts'
-            path = os.path.join(root, info['path']) if root else info['path']
+            path = database_path(root, info)
             if path not in paths:
                 paths[path] = True
                 total += int(info['num_points_in_gt']) * loader.load_dim * 4
