@@ -348,7 +348,7 @@ def test_loss_by_feat_plans_every_layer_and_equals_stock(config, monkeypatch):
         if any(len(g) for g in gts):
             assert len(plan.matches) == len(layers) == 6 + dino
         for scores, boxes in layers:
-            planned = plan.match(scores, gts)
+            planned = plan.match(scores, boxes, gts)
             if planned is None:
                 continue
             alone = detr_targets(head, list(scores), boxes, gts, metas)
@@ -435,18 +435,129 @@ def test_a_batch_without_ground_truths_equals_stock(config):
     """No image has a ground truth: no matching; every query background,
     the box losses stock's zero sums (no positive weight)."""
     head = build_head(config, num_classes=7)
-    scores, boxes, _, metas = random_batch(9, 12, head.cls_out_channels,
-                                           'cpu')
+    scores, boxes, _, metas = random_batch(9, 12, head.cls_out_channels, 'cpu')
     gts = [
         InstanceData(
-            bboxes=torch.zeros(0, 4), labels=torch.zeros(0,
-                                                         dtype=torch.long))
+            bboxes=torch.zeros(0, 4), labels=torch.zeros(0, dtype=torch.long))
         for _ in metas
     ]
-    stock = _losses_and_grads(type(head).loss_by_feat_single, head, scores,
-                              boxes, gts, metas)
+    stock = _losses_and_grads(
+        type(head).loss_by_feat_single, head, scores, boxes, gts, metas)
     fast = _losses_and_grads(hungarian.loss_by_feat_single, head, scores,
                              boxes, gts, metas)
     assert len(stock) == 5
     for a, b in zip(stock, fast):
         assert_same(a, b)
+
+
+def test_negative_labels_count_from_the_last_score_column():
+    """Stock's ``scores[:, labels]``: label -1 reads the last column (on
+    CUDA mmcv's focal loss trains on such labels); out of ``[-C, C)``
+    stock raises, and so does the batched path, by going stock's way."""
+    head = build_head(DINO, num_classes=7)
+    scores, boxes, gts, metas = random_batch(11, 15, 7, 'cpu')
+    while not len(gts[0]):
+        scores, boxes, gts, metas = random_batch(12, 15, 7, 'cpu')
+    gts[0].labels[0] = -1
+    if len(gts[0]) > 1:
+        gts[0].labels[1] = -7
+    for i, gt in enumerate(gts):
+        if len(gt):
+            pad = pad_gts([g.bboxes for g in gts], [g.labels for g in gts],
+                          torch.device('cpu'), 1)
+            cost = batch_costs(
+                head.assigner, list(scores),
+                bbox_cxcywh_to_xyxy(boxes) * image_factors(boxes, metas), pad,
+                image_factors(pad.boxes, metas))
+            assert_same(
+                stock_cost(head, scores[i], boxes[i], gt, metas[i]),
+                cost[i, :, :len(gt)].contiguous())
+    stock = stock_targets(head, scores, boxes, gts, metas)
+    fast = detr_targets(head, list(scores), boxes, gts, metas)
+    for a, b in zip(stock, fast):
+        assert_same(a, b)
+    gts[0].labels[0] = 7  # past the last column: stock's IndexError
+    errors = []
+    for fn in (type(head).loss_by_feat_single, hungarian.loss_by_feat_single):
+        with pytest.raises(IndexError) as info:
+            fn(head, scores, boxes, gts, metas)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]
+
+
+def test_layers_sharing_scores_keep_their_own_boxes():
+    """Two layers whose scores are one tensor (an expanded view) but whose
+    boxes differ: each layer is matched with its own boxes."""
+    from fast_parallel.step.targets.hungarian.layers import plan_layers
+    head = build_head(DETR, num_classes=7)
+    scores, boxes, gts, metas = random_batch(13, 20, head.cls_out_channels,
+                                             'cpu')
+    while not any(len(g) for g in gts):
+        scores, boxes, gts, metas = random_batch(14, 20, head.cls_out_channels,
+                                                 'cpu')
+    layered = scores[None].expand(3, *scores.shape)
+    other = torch.rand(boxes.shape, generator=torch.Generator().manual_seed(1))
+    all_boxes = torch.stack([boxes, other, boxes.flip(1)])
+    layers = [(layered[n], all_boxes[n]) for n in range(3)]
+    plan = plan_layers(head, layers, gts, metas)
+    for s_, b_ in layers:
+        planned = plan.match(s_, b_, gts)
+        assert planned is not None
+        alone = detr_targets(head, list(s_), b_, gts, metas)
+        joint = detr_targets(head, list(s_), b_, gts, metas, plan.pad, planned)
+        for a, b in zip(alone, joint):
+            assert_same(a, b)
+
+
+def test_img_shape_and_label_dtypes_as_stock():
+    head = build_head(DINO, num_classes=7)
+    scores, boxes, gts, metas = random_batch(15, 10, 7, 'cpu')
+    three = [dict(img_shape=(*m['img_shape'], 3)) for m in metas]
+    errors = []
+    for fn in (type(head).loss_by_feat_single, hungarian.loss_by_feat_single):
+        with pytest.raises(ValueError) as info:
+            fn(head, scores, boxes, gts, three)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]
+    from fast_parallel.step.targets.hungarian.match import gts_reason
+    for dtype in (torch.uint8, torch.int8, torch.int16):
+        odd = [
+            InstanceData(bboxes=g.bboxes, labels=g.labels.to(dtype))
+            for g in gts
+        ]
+        assert gts_reason(odd, torch.device('cpu')) == 'label dtype'
+    as_int32 = [
+        InstanceData(bboxes=g.bboxes, labels=g.labels.int()) for g in gts
+    ]
+    assert gts_reason(as_int32, torch.device('cpu')) is None
+
+
+def test_dn_targets_without_queries_per_group_go_stock():
+    head = build_head(DINO, num_classes=7)
+    gts = [
+        InstanceData(
+            bboxes=torch.zeros(0, 4), labels=torch.zeros(0, dtype=torch.long))
+    ]
+    metas = [dict(img_shape=(100, 120))]
+    dn_meta = dict(num_denoising_queries=1, num_denoising_groups=2)
+    scores, boxes = torch.randn(1, 1, 7), torch.rand(1, 1, 4)
+    before = head.fast_target_stats.stock
+    stock = _losses_and_grads(
+        type(head)._loss_dn_single, head, scores, boxes, gts, metas, dn_meta)
+    fast = _losses_and_grads(hungarian.loss_dn_single, head, scores, boxes,
+                             gts, metas, dn_meta)
+    assert head.fast_target_stats.stock == before + 1
+    for a, b in zip(stock, fast):
+        assert_same(a, b)
+
+
+def test_cls_avg_factor_rounds_as_new_tensor():
+    """``new_tensor([v])`` in float16 rounds through float32 (twice): just
+    below 1 it can hold 1.0, and then ``max(t, 1)`` is the tensor."""
+    from fast_parallel.step.targets.hungarian.losses import cls_avg_factor
+    head = build_head(DETR, num_classes=7, sync_cls_avg_factor=True)
+    head.bg_cls_weight = 1 - 2**-12 - 2**-40
+    like = torch.zeros(1, dtype=torch.float16)
+    stock = max(like.new_tensor([head.bg_cls_weight]), 1)
+    fast = cls_avg_factor(head, like, 0, 1)
+    assert type(stock) is type(fast) and torch.equal(stock, fast)

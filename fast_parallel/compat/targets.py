@@ -100,7 +100,7 @@ UPSTREAM: Dict[str, Tuple[str, str, str]] = {
     'GIoULoss': ('mmdet.models.losses', 'GIoULoss', 'mmdet'),
     'L1Loss': ('mmdet.models.losses', 'L1Loss', 'mmdet'),
     'giou_loss': ('mmdet.models.losses.iou_loss', 'giou_loss', 'mmdet'),
-    'l1_loss': ('mmdet.models.losses', 'l1_loss', 'mmdet'),
+    'l1_loss': ('mmdet.models.losses.smooth_l1_loss', 'l1_loss', 'mmdet'),
 }
 
 #: DINOHead's denoising loss of one decoder layer (private), which the
@@ -142,7 +142,6 @@ STANDS_FOR: Dict[str, Tuple[str, ...]] = {
                  '_get_dn_targets_single', 'split_outputs'),
     'HungarianAssigner': ('assign', ),
     'MatchCost': ('__call__', '_focal_loss_cost'),
-    'Loss': ('forward', ),
 }
 
 #: The ``train_cfg`` keys mmdet3d's ``CenterHead.get_targets_single`` reads.
@@ -236,6 +235,9 @@ def runs_forward_only(module: Any) -> bool:
     import torch.nn.modules.module as torch_module
     used_for = 'the batched DETR losses (whether a loss call runs hooks)'
     if 'forward' in vars(module):
+        return False
+    # module.compile(): __call__ runs the compiled forward
+    if getattr(module, '_compiled_call_impl', None) is not None:
         return False
     for name in _MODULE_HOOKS:
         if private(module, name, 'torch', used_for):

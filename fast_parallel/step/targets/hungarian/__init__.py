@@ -81,7 +81,8 @@ def layer_targets(self: Any, cls_scores: Tensor, bbox_preds: Tensor,
                            [bbox_preds[i] for i in range(num_imgs)],
                            batch_gt_instances)
         plan = getattr(self, 'fast_layer_plan', None)
-        matched = plan.match(cls_scores, batch_gt_instances) if plan else None
+        matched = plan.match(cls_scores, bbox_preds,
+                             batch_gt_instances) if plan else None
         if matched is not None:
             return detr_targets(self, cls_scores_list, bbox_preds,
                                 batch_gt_instances, batch_img_metas, plan.pad,
@@ -188,7 +189,7 @@ def loss_dn_single(self: Any, dn_cls_scores: Tensor, dn_bbox_preds: Tensor,
     with batch_targets(self, num_imgs) as stock_way:
         groups = dn_meta['num_denoising_groups']
         each = int(dn_meta['num_denoising_queries'] / groups)
-        if num_imgs and gts_reason(
+        if num_imgs and each > 0 and gts_reason(
                 batch_gt_instances, dn_bbox_preds.device) is None and all(
                     len(g) <= each for g in batch_gt_instances):
             plan = getattr(self, 'fast_layer_plan', None)

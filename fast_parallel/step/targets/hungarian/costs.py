@@ -140,7 +140,11 @@ def batch_costs(assigner: Any, scores: Sequence[Tensor], boxes: Tensor,
     num_queries = boxes.shape[1]
     sizes = [s.numel() for s in scores]
     stacked = None
-    index = gts.labels.clamp(min=0)[:, None, :].expand(batch, num_queries, -1)
+    # stock's scores[:, labels]: a negative label counts from the end (the
+    # padding's -1 too: its columns are never read)
+    labels = gts.labels.long()
+    columns = torch.where(labels < 0, labels + scores[0].shape[-1], labels)
+    index = columns[:, None, :].expand(batch, num_queries, -1)
     costs = []
     for cost in assigner.match_costs:
         if is_upstream(cost, 'FocalLossCost', 'ClassificationCost'):

@@ -24,6 +24,7 @@ from fast_parallel.step.targets.hungarian.costs import (batch_costs,
                                                         cxcywh_to_xyxy)
 from fast_parallel.step.targets.hungarian.match import (assign_on_host,
                                                         batch_reason,
+                                                        gts_reason,
                                                         image_factors,
                                                         to_device)
 from fast_parallel.step.targets.padding import Padded, pad_gts
@@ -44,21 +45,24 @@ class LayerPlan:
     Args:
         gts (list): The call's ``batch_gt_instances`` (the list object).
         metas (list): Its ``batch_img_metas``.
-        pad (Padded): The ground truths, padded.
+        pad (Padded, optional): The ground truths, padded (None where they
+            are not laid out as the batched targets read them).
     """
 
     def __init__(self, gts: Sequence[Any], metas: Sequence[dict],
-                 pad: Padded) -> None:
+                 pad: Optional[Padded]) -> None:
         self.gts = gts
         self.metas = metas
         self.pad = pad
         self.matches: Dict[tuple, Match] = {}
 
-    def match(self, cls_scores: Tensor, gts: Sequence[Any]) -> Optional[Match]:
+    def match(self, cls_scores: Tensor, bbox_preds: Tensor,
+              gts: Sequence[Any]) -> Optional[Match]:
         """The planned ``(gt_inds, num_pos)`` of a layer, or None."""
         if gts is not self.gts:
             return None
-        return self.matches.get(tensor_key(cls_scores))
+        return self.matches.get(
+            (tensor_key(cls_scores), tensor_key(bbox_preds)))
 
 
 def _group(layers: Sequence[Tuple[Tensor, Tensor]],
@@ -89,6 +93,8 @@ def plan_layers(head: Any, layers: Sequence[Tuple[Tensor, Tensor]],
         LayerPlan: The matches it could plan.
     """
     device = layers[0][0].device
+    if gts_reason(gts, device):
+        return LayerPlan(gts, metas, None)
     pad = pad_gts([g.bboxes for g in gts], [g.labels for g in gts], device, 1)
     plan = LayerPlan(gts, metas, pad)
     groups = _group(layers, gts) if any(pad.counts) else {}
@@ -102,33 +108,40 @@ def plan_layers(head: Any, layers: Sequence[Tuple[Tensor, Tensor]],
             pad.boxes.repeat(count, 1, 1), pad.labels.repeat(count, 1),
             pad.mask.repeat(count, 1), pad.counts * count)
         try:
-            costs.append(
-                batch_costs(head.assigner, scores,
-                            cxcywh_to_xyxy(boxes) * factor, repeated,
-                            image_factors(repeated.boxes, metas * count)))
+            cost = batch_costs(head.assigner, scores,
+                               cxcywh_to_xyxy(boxes) * factor, repeated,
+                               image_factors(repeated.boxes, metas * count))
         except cpu_paths.PathModelError:
             continue  # those layers are matched (or go stock) one by one
-        members.append(ids)
+        # one copy needs one dtype numpy has (a bfloat16 matrix fails in
+        # stock's .numpy(): such layers go one by one, to stock's error)
+        if cost.dtype != torch.bfloat16 and (not costs
+                                             or cost.dtype == costs[0].dtype):
+            costs.append(cost)
+            members.append(ids)
     if not costs:
         return plan
     flat = torch.cat([c.detach().reshape(-1) for c in costs]).cpu().numpy()
     inds, positives, start = [], [], 0
-    for cost in costs:
-        host = flat[start:start + cost.numel()].reshape(cost.shape)
-        start += cost.numel()
-        gt_inds, num_pos = assign_on_host(
-            host, pad.counts * (cost.shape[0] // len(gts)))
-        inds.append(gt_inds)
-        positives.append(num_pos)
+    try:
+        for cost in costs:
+            host = flat[start:start + cost.numel()].reshape(cost.shape)
+            start += cost.numel()
+            gt_inds, num_pos = assign_on_host(
+                host, pad.counts * (cost.shape[0] // len(gts)))
+            inds.append(gt_inds)
+            positives.append(num_pos)
+    except ValueError:  # scipy's, for NaN: raised by the layers in order
+        return plan
     back = to_device(np.concatenate([i.reshape(-1) for i in inds]), device)
     start, batch = 0, len(gts)
     for ids, host, num_pos in zip(members, inds, positives):
         on_device = back[start:start + host.size].view(host.shape)
         start += host.size
         for k, n in enumerate(ids):
-            plan.matches[tensor_key(
-                layers[n][0])] = (on_device[k * batch:(k + 1) * batch],
-                                  num_pos[k * batch:(k + 1) * batch])
+            key = (tensor_key(layers[n][0]), tensor_key(layers[n][1]))
+            plan.matches[key] = (on_device[k * batch:(k + 1) * batch],
+                                 num_pos[k * batch:(k + 1) * batch])
     return plan
 
 
@@ -144,8 +157,10 @@ def _layers(head: Any, arguments: Dict[str,
                                            arguments['dn_meta'])[:2]
     layers = [(scores[n], boxes[n]) for n in range(len(scores))]
     enc = arguments.get('enc_cls_scores')
-    if dino and enc is not None:  # Deformable DETR's has other labels
-        layers.append((enc, arguments['enc_bbox_preds']))
+    enc_boxes = arguments.get('enc_bbox_preds')
+    # Deformable DETR's proposals are matched to other labels (all 0)
+    if dino and isinstance(enc, Tensor) and isinstance(enc_boxes, Tensor):
+        layers.append((enc, enc_boxes))
     return layers
 
 

@@ -27,14 +27,13 @@ def _distributed() -> bool:
 
 
 def _as_dtype(value: float, dtype: torch.dtype) -> float:
-    """``value`` as a one-element tensor of ``dtype`` holds it."""
+    """``value`` as ``new_tensor([value])`` of ``dtype`` holds it (torch
+    rounds a Python float to a 16-bit one through float32: twice)."""
     if dtype == torch.float32:
         return float(np.float32(value))
-    if dtype == torch.float16:
-        return float(np.float16(value))
     if dtype == torch.float64:
         return float(value)
-    return torch.tensor(value, dtype=dtype).item()
+    return torch.tensor([value], dtype=dtype).item()  # on the host
 
 
 def cls_avg_factor(self: Any, like: Tensor, num_total_pos: int,

@@ -52,9 +52,23 @@ def batch_reason(scores: Sequence[Tensor], boxes: Sequence[Tensor],
     why = gts_reason(gts, device)
     if why:
         return why
-    if device.type == 'cpu' and not all(s.is_contiguous() for s in scores):
-        return 'score layout'  # the CPU loops of sigmoid / log follow it
+    width = scores[0].shape[-1]
+    if device.type == 'cpu':
+        if not all(s.is_contiguous() for s in scores):
+            return 'score layout'  # the CPU loops of sigmoid / log follow it
+        # stock indexes the score columns by label: out of [-C, C) it
+        # raises its IndexError (no device sync to check on the CPU)
+        if any(_outside(gt.labels, width) for gt in gts):
+            return 'labels outside the score columns'
+    elif width > 1024:  # CUDA's block softmax sums by the rows' alignment
+        return 'more than 1024 classes on CUDA'
     return None
+
+
+def _outside(labels: Tensor, width: int) -> bool:
+    """Whether a label is outside ``[-width, width)`` (CPU tensors)."""
+    return bool(labels.numel()) and (int(labels.min()) < -width
+                                     or int(labels.max()) >= width)
 
 
 def gts_reason(gts: Sequence[Any], device: torch.device) -> Optional[str]:
@@ -68,6 +82,8 @@ def gts_reason(gts: Sequence[Any], device: torch.device) -> Optional[str]:
             type(gt.bboxes) is not Tensor or gt.bboxes.device != device
             or gt.bboxes.dtype != gts[0].bboxes.dtype for gt in gts):
         return 'ground truth dtype or device'
+    if any(gt.labels.dtype not in (torch.int64, torch.int32) for gt in gts):
+        return 'label dtype'  # stock indexes by them (uint8: as a mask)
     return None
 
 
@@ -86,7 +102,10 @@ def to_device(host: Any, device: torch.device) -> Tensor:
 def image_factors(like: Tensor, metas: Sequence[dict]) -> Tensor:
     """``(B, 1, 4)`` ``[w, h, w, h]`` per image in ``like``'s dtype: the
     ``new_tensor`` stock makes per image, in one copy."""
-    rows = [[m['img_shape'][1], m['img_shape'][0]] * 2 for m in metas]
+    rows = []
+    for meta in metas:
+        img_h, img_w = meta['img_shape']  # stock's unpacking, its error
+        rows.append([img_w, img_h, img_w, img_h])
     return to_device(torch.tensor(rows, dtype=like.dtype),
                      like.device)[:, None, :]
 
