@@ -19,7 +19,8 @@ from torch import Tensor
 
 from fast_parallel.compat.targets import is_upstream, replaced_reason, upstream
 from fast_parallel.step.targets import cpu_paths
-from fast_parallel.step.targets.hungarian.costs import (costs_reason,
+from fast_parallel.step.targets.hungarian.costs import (LabelOutOfRange,
+                                                        costs_reason,
                                                         cxcywh_to_xyxy)
 from fast_parallel.step.targets.hungarian.dn import dn_targets
 from fast_parallel.step.targets.hungarian.layers import loss_by_feat
@@ -91,8 +92,8 @@ def layer_targets(self: Any, cls_scores: Tensor, bbox_preds: Tensor,
             try:
                 return detr_targets(self, cls_scores_list, bbox_preds,
                                     batch_gt_instances, batch_img_metas)
-            except cpu_paths.PathModelError:
-                pass
+            except (cpu_paths.PathModelError, LabelOutOfRange):
+                pass  # stock's way: its values, or its error
         stock_way.count(num_imgs)
         bbox_preds_list = [bbox_preds[i] for i in range(num_imgs)]
         return _stock_targets(

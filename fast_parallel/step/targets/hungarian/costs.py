@@ -20,10 +20,23 @@ from fast_parallel.compat.targets import is_upstream, replaced_reason, upstream
 from fast_parallel.step.targets import cpu_paths
 from fast_parallel.step.targets.padding import Padded
 
-__all__ = ['batch_costs', 'costs_reason', 'cxcywh_to_xyxy']
+__all__ = ['LabelOutOfRange', 'batch_costs', 'costs_reason', 'cxcywh_to_xyxy']
 
 #: The match costs computed for the batch, by upstream key.
 COSTS = ('FocalLossCost', 'ClassificationCost', 'BBoxL1Cost', 'IoUCost')
+
+
+class LabelOutOfRange(Exception):
+    """A label outside ``[-C, C)`` (CPU): stock's indexing raises its own
+    error there, so the caller takes stock's path to raise it."""
+
+
+def _columns(values: Tensor, index: Tensor) -> Tensor:
+    """``values[..., index]`` per image (a gather: the labels' columns)."""
+    try:
+        return values.gather(2, index)
+    except RuntimeError as error:  # out of range (CPU): stock's error
+        raise LabelOutOfRange(str(error)) from error
 
 
 def costs_reason(assigner: Any) -> Optional[str]:
@@ -78,14 +91,14 @@ def _focal(cost: Any, flat: Tensor, sizes: List[int], index: Tensor) -> Tensor:
         1 - cost.alpha) * cls_pred.pow(cost.gamma)
     pos_cost = -cpu_paths.as_stock('log', cls_pred + cost.eps, sizes) * \
         cost.alpha * (1 - cls_pred).pow(cost.gamma)
-    cls_cost = pos_cost.gather(2, index) - neg_cost.gather(2, index)
+    cls_cost = _columns(pos_cost, index) - _columns(neg_cost, index)
     return cls_cost * cost.weight
 
 
 def _classification(cost: Any, scores: Tensor, index: Tensor) -> Tensor:
     """``ClassificationCost``: softmax over the classes, row by row."""
     pred_scores = scores.softmax(-1)
-    cls_cost = -pred_scores.gather(2, index)
+    cls_cost = -_columns(pred_scores, index)
     return cls_cost * cost.weight
 
 
@@ -135,6 +148,7 @@ def batch_costs(assigner: Any, scores: Sequence[Tensor], boxes: Tensor,
     Raises:
         PathModelError: Where the CPU kernels' layout model does not hold
             (the caller takes the stock path).
+        LabelOutOfRange: A label stock's indexing rejects (CPU).
     """
     batch = len(scores)
     num_queries = boxes.shape[1]

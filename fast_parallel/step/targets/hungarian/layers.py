@@ -20,7 +20,8 @@ from torch import Tensor
 
 from fast_parallel.compat.targets import is_upstream
 from fast_parallel.step.targets import cpu_paths
-from fast_parallel.step.targets.hungarian.costs import (batch_costs,
+from fast_parallel.step.targets.hungarian.costs import (LabelOutOfRange,
+                                                        batch_costs,
                                                         cxcywh_to_xyxy)
 from fast_parallel.step.targets.hungarian.match import (assign_on_host,
                                                         batch_reason,
@@ -111,7 +112,7 @@ def plan_layers(head: Any, layers: Sequence[Tuple[Tensor, Tensor]],
             cost = batch_costs(head.assigner, scores,
                                cxcywh_to_xyxy(boxes) * factor, repeated,
                                image_factors(repeated.boxes, metas * count))
-        except cpu_paths.PathModelError:
+        except (cpu_paths.PathModelError, LabelOutOfRange):
             continue  # those layers are matched (or go stock) one by one
         # one copy needs one dtype numpy has (a bfloat16 matrix fails in
         # stock's .numpy(): such layers go one by one, to stock's error)
