@@ -141,7 +141,10 @@ STANDS_FOR: Dict[str, Tuple[str, ...]] = {
                  TARGETS_SINGLE, DN_LOSS_SINGLE, 'get_dn_targets',
                  '_get_dn_targets_single', 'split_outputs'),
     'HungarianAssigner': ('assign', ),
-    'MatchCost': ('__call__', '_focal_loss_cost'),
+    'FocalLossCost': ('__call__', '_focal_loss_cost'),
+    'ClassificationCost': ('__call__', ),
+    'BBoxL1Cost': ('__call__', ),
+    'IoUCost': ('__call__', ),
 }
 
 #: The ``train_cfg`` keys mmdet3d's ``CenterHead.get_targets_single`` reads.

@@ -59,7 +59,7 @@ def costs_reason(assigner: Any) -> Optional[str]:
         name = type(cost).__name__
         if not is_upstream(cost, *COSTS):
             return f'match cost {name} not covered'
-        why = replaced_reason((cost, 'MatchCost'), label=f'{name}.')
+        why = replaced_reason((cost, name), label=f'{name}.')
         if why:
             return why
         if is_upstream(cost, 'FocalLossCost'):
