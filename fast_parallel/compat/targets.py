@@ -250,6 +250,14 @@ def runs_forward_only(module: Any) -> bool:
         for name in _GLOBAL_HOOKS)
 
 
+def reduce_mean_reduces() -> bool:
+    """Whether mmdet's ``reduce_mean`` would all-reduce (its own test:
+    ``torch.distributed`` available and initialised); else it returns its
+    tensor unchanged, which the batched losses decide on the host."""
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized()
+
+
 def upstream(key: str) -> Any:
     """The upstream class, function or constant of :data:`UPSTREAM`.
 

@@ -77,10 +77,8 @@ def layer_targets(self: Any, cls_scores: Tensor, bbox_preds: Tensor,
     """One decoder layer's targets, batched or (counted) stock's way."""
     num_imgs = cls_scores.size(0)
     cls_scores_list = [cls_scores[i] for i in range(num_imgs)]
+    bbox_preds_list = [bbox_preds[i] for i in range(num_imgs)]
     with batch_targets(self, num_imgs) as stock_way:
-        why = batch_reason(cls_scores_list,
-                           [bbox_preds[i] for i in range(num_imgs)],
-                           batch_gt_instances)
         plan = getattr(self, 'fast_layer_plan', None)
         matched = plan.match(cls_scores, bbox_preds,
                              batch_gt_instances) if plan else None
@@ -88,14 +86,14 @@ def layer_targets(self: Any, cls_scores: Tensor, bbox_preds: Tensor,
             return detr_targets(self, cls_scores_list, bbox_preds,
                                 batch_gt_instances, batch_img_metas, plan.pad,
                                 matched)
-        if why is None:
+        if batch_reason(cls_scores_list, bbox_preds_list,
+                        batch_gt_instances) is None:
             try:
                 return detr_targets(self, cls_scores_list, bbox_preds,
                                     batch_gt_instances, batch_img_metas)
             except (cpu_paths.PathModelError, LabelOutOfRange):
                 pass  # stock's way: its values, or its error
         stock_way.count(num_imgs)
-        bbox_preds_list = [bbox_preds[i] for i in range(num_imgs)]
         return _stock_targets(
             self.get_targets(cls_scores_list, bbox_preds_list,
                              batch_gt_instances, batch_img_metas))

@@ -14,16 +14,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fast_parallel.compat.targets import (is_upstream, runs_forward_only,
-                                          upstream)
+from fast_parallel.compat.targets import (is_upstream, reduce_mean_reduces,
+                                          runs_forward_only, upstream)
 
 __all__ = ['cls_avg_factor', 'positives_divisor', 'regression_loss']
-
-
-def _distributed() -> bool:
-    """Whether mmdet's ``reduce_mean`` would all-reduce (its own test)."""
-    dist = torch.distributed
-    return dist.is_available() and dist.is_initialized()
 
 
 def _as_dtype(value: float, dtype: torch.dtype) -> float:
@@ -48,14 +42,14 @@ def cls_avg_factor(self: Any, like: Tensor, num_total_pos: int,
     if not self.sync_cls_avg_factor:
         return max(factor, 1)
     tensor = like.new_tensor([factor])
-    if _distributed():
+    if reduce_mean_reduces():
         return max(upstream('reduce_mean')(tensor), 1)
     return 1 if _as_dtype(factor, tensor.dtype) < 1 else tensor
 
 
 def positives_divisor(loss_cls: Tensor, num_total_pos: int) -> float:
     """Stock's ``clamp(reduce_mean(new_tensor([num_pos])), min=1).item()``."""
-    if _distributed():
+    if reduce_mean_reduces():
         tensor = loss_cls.new_tensor([num_total_pos])
         return torch.clamp(upstream('reduce_mean')(tensor), min=1).item()
     return max(_as_dtype(num_total_pos, loss_cls.dtype), 1.0)

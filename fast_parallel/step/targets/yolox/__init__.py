@@ -16,18 +16,13 @@ from mmdet.utils import reduce_mean
 from torch import Tensor
 
 from fast_parallel.compat import yolox_bbox_decode
+from fast_parallel.compat.targets import reduce_mean_reduces
 from fast_parallel.step.targets.stock_way import batch_targets
 from fast_parallel.step.targets.yolox.targets import (yolox_supported,
                                                       yolox_targets)
 
 #: None when :func:`loss_by_feat` is exact for a head, else why not.
 supported = yolox_supported
-
-
-def _distributed() -> bool:
-    """Whether mmdet's ``reduce_mean`` would all-reduce (its own test)."""
-    dist = torch.distributed
-    return dist.is_available() and dist.is_initialized()
 
 
 def loss_by_feat(
@@ -94,7 +89,7 @@ def loss_by_feat(
     total = sum(num_fg_imgs)  # ints, as stock's targets return them
     num_pos = torch.tensor(
         total, dtype=torch.float, device=flatten_cls_preds.device)
-    if _distributed():
+    if reduce_mean_reduces():
         num_total_samples = max(reduce_mean(num_pos), 1.0)
     else:  # stock's max(num_pos, 1.0), decided from the host's count
         num_total_samples = 1.0 if total < 1 else num_pos
