@@ -135,10 +135,18 @@ class _CountStart(Hook):
             elif covered is not None:
                 for dotted in covered.stock_targets:
                     *path, name = dotted.split('.')
-                    owner = head
-                    for part in path:
-                        owner = getattr(owner, part)
-                    setattr(owner, name, self._observed(getattr(owner, name)))
+                    self._observe(head, path, name)
+
+    def _observe(self, owner: Any, path: List[str], name: str) -> None:
+        """Wraps ``owner.<path>.<name>``; a list on the way (a cascade's
+        assigners, one per stage) has each of its items wrapped."""
+        if isinstance(owner, (list, tuple)):
+            for item in owner:
+                self._observe(item, path, name)
+        elif path:
+            self._observe(getattr(owner, path[0]), path[1:], name)
+        else:
+            setattr(owner, name, self._observed(getattr(owner, name)))
 
     def _observed(self, method: Callable) -> Callable:
 

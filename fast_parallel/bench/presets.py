@@ -75,6 +75,12 @@ PRESETS: Dict[str, Preset] = {
     'mask_rcnn_r50':
     Preset('mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', 'mmdet',
            _MMDET_640),
+    'fcos_r50':
+    Preset('mmdet::fcos/fcos_r50-caffe_fpn_gn-head_1x_coco.py', 'mmdet',
+           _MMDET_640),
+    'cascade_rcnn_r50':
+    Preset('mmdet::cascade_rcnn/cascade-rcnn_r50_fpn_1x_coco.py', 'mmdet',
+           _MMDET_640),
     'dino_r50':
     Preset('mmdet::dino/dino-4scale_r50_8xb2-12e_coco.py', 'mmdet',
            _DETR_SMALL + ('train_dataloader.batch_size=8', )),

@@ -36,10 +36,15 @@ UPSTREAM: Dict[str, Tuple[str, str, str]] = {
     'MlvlPointGenerator': (_TASKS, 'MlvlPointGenerator', 'mmdet'),
     'anchor_inside_flags': (_TASKS, 'anchor_inside_flags', 'mmdet'),
     'distance2bbox': ('mmdet.structures.bbox', 'distance2bbox', 'mmdet'),
+    # FCOS
+    'FCOSHead': (_DENSE, 'FCOSHead', 'mmdet'),
+    'NASFCOSHead': (_DENSE, 'NASFCOSHead', 'mmdet'),
+    'FCOS.INF': (f'{_DENSE}.fcos_head', 'INF', 'mmdet'),
     # the MaxIoUAssigner family
     'RetinaHead': (_DENSE, 'RetinaHead', 'mmdet'),
     'RPNHead': (_DENSE, 'RPNHead', 'mmdet'),
     'StandardRoIHead': ('mmdet.models.roi_heads', 'StandardRoIHead', 'mmdet'),
+    'CascadeRoIHead': ('mmdet.models.roi_heads', 'CascadeRoIHead', 'mmdet'),
     'MaxIoUAssigner': (_ASSIGNERS, 'MaxIoUAssigner', 'mmdet'),
     'AssignResult': (_ASSIGNERS, 'AssignResult', 'mmdet'),
     'RandomSampler': (_TASKS, 'RandomSampler', 'mmdet'),
@@ -126,6 +131,7 @@ STANDS_FOR: Dict[str, Tuple[str, ...]] = {
     'RTMDetHead': ('get_targets', TARGETS_SINGLE, 'get_anchors'),
     'DynamicSoftLabelAssigner': ('assign', 'dynamic_k_matching'),
     'AnchorHead': ('get_anchors', 'get_targets', 'loss_by_feat_single'),
+    'FCOSHead': ('get_targets', TARGETS_SINGLE),
     'MaxIoUAssigner': ('assign', 'assign_wrt_overlaps'),
     'RandomSampler':
     RANDOM_SAMPLER_METHODS,

@@ -97,12 +97,28 @@ COVERED: Tuple[Covered, ...] = (
         unit='images',
         replaces=('loss_by_feat', 'loss_by_feat_single', DN_LOSS_SINGLE),
         stock_targets=('get_targets', 'get_dn_targets')),
+    *(Covered(
+        head=head,
+        assigner='',
+        package='fcos',
+        unit='images',
+        replaces=('get_targets', ),
+        stock_targets=('get_targets', ))
+      for head in ('FCOSHead', 'NASFCOSHead')),
     Covered(
         head='StandardRoIHead',
         assigner='MaxIoUAssigner',
         package='roi',
         unit='images',
         replaces=('loss', ),
+        stock_targets=('bbox_assigner.assign', 'bbox_sampler.sample')),
+    Covered(
+        head='CascadeRoIHead',
+        assigner='MaxIoUAssigner',
+        package='cascade',
+        unit='images',
+        replaces=('loss', ),
+        # a list per stage: each stage's is counted
         stock_targets=('bbox_assigner.assign', 'bbox_sampler.sample')),
 )
 

@@ -63,14 +63,20 @@ def _ragged_index(gt_counts: Sequence[int], roi_counts: Sequence[int],
                             device, non_blocking=pinned)
 
 
-def sample_rois(head: Any, proposals: Sequence[Tensor],
-                gts: Sequence[Any]) -> List[Any]:
+def sample_rois(head: Any,
+                proposals: Sequence[Tensor],
+                gts: Sequence[Any],
+                stage: Optional[int] = None) -> List[Any]:
     """Each image's ``bbox_sampler.sample(bbox_assigner.assign(...))``.
 
     Args:
-        head: A ``StandardRoIHead`` the package's ``supported`` accepts.
+        head: A ``StandardRoIHead`` the package's ``supported`` accepts, or
+            a ``CascadeRoIHead`` the cascade package's accepts.
         proposals (Sequence[Tensor]): ``(P_i, 4)`` proposals per image.
         gts (Sequence[InstanceData]): Ground truths per image.
+        stage (int, optional): The cascade stage whose assigner and
+            sampler (``head.bbox_assigner[stage]``...) to use; None: the
+            head's only ones.
 
     Returns:
         list[SamplingResult]: Stock's, image by image.
@@ -83,6 +89,8 @@ def sample_rois(head: Any, proposals: Sequence[Tensor],
     rois, roi_mask = pad_rows(proposals, device, 1)
     roi_counts = [int(p.shape[0]) for p in proposals]
     assigner, sampler = head.bbox_assigner, head.bbox_sampler
+    if stage is not None:
+        assigner, sampler = assigner[stage], sampler[stage]
     overlaps = assigner.iou_calculator(gt, rois)
     overlaps = overlaps.masked_fill(~roi_mask[:, None], -1.)
     gt_inds, max_overlaps = assign_batch(assigner, overlaps, gt_mask)
