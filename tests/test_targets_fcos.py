@@ -166,6 +166,40 @@ def test_a_batch_without_any_box_and_one_giant_box():
     assert any((labels == 2).any() for labels in out[0])
 
 
+def test_boxes_larger_than_inf_next_to_padding():
+    """A valid box whose area is over stock's INF (1e8), or infinite, in an
+    image with fewer boxes than another: stock picks it; so must the batch
+    (its padding columns must not come first)."""
+    head = HEADS['plain']
+    points, _ = random_batch(1, head, 'cpu')
+    inf = float('inf')
+    for giant in ([-2e4, -2e4, 2e4, 2e4], [-inf, -inf, inf, inf]):
+        gts = [
+            InstanceData(
+                bboxes=torch.tensor([giant]), labels=torch.tensor([1])),
+            InstanceData(
+                bboxes=torch.tensor([giant, [0., 0., 10., 10.]]),
+                labels=torch.tensor([1, 2])),
+        ]
+        stock, out, stock_way = run_both(head, points, gts)
+        assert stock_way == 0
+        assert_same(stock, out)
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_half_boxes_as_stock(device):
+    """float16 points and boxes: stock's INF (1e8) is stored as inf."""
+    head = HEADS['center']
+    for seed in range(4):
+        points, gts = random_batch(seed, head, device, torch.float16)
+        gts = [
+            InstanceData(bboxes=g.bboxes.half(), labels=g.labels) for g in gts
+        ]
+        stock, out, stock_way = run_both(head, points, gts)
+        assert stock_way == 0
+        assert_same(stock, out)
+
+
 def test_nan_and_inf_boxes_as_stock():
     head = HEADS['plain']
     points, gts = random_batch(5, head, 'cpu')

@@ -5,12 +5,13 @@ Stock's ``FCOSHead._get_targets_single`` works on one image's
 ground truths)``, the ground truths padded per image. Each element goes
 through stock's own operations on the same values (subtractions, halves,
 comparisons: exactly rounded, so the same bits on any device and in any
-layout). A padding column gets stock's ``INF`` area, so the minimum over a
-row (first index among equals, as ``torch.min`` documents) is the one stock
-finds over its image's columns; an image without ground truths gets stock's
-background labels and zero boxes. Images are grouped so that one group's
-grid stays under :data:`GRID_BUDGET` elements. Why each step is exact:
-``docs/targets_fcos.md``.
+layout). A padding column gets the area ``+inf``, after the image's own
+columns, so the minimum over a row (the first index among equals, as
+``torch.min`` documents) is the one stock finds over its image's columns,
+a valid box with an area over stock's ``INF`` included; an image without
+ground truths gets stock's background labels and zero boxes. Images are
+grouped so that one group's grid stays under :data:`GRID_BUDGET` elements.
+Why each step is exact: ``docs/targets_fcos.md``.
 """
 from typing import Any, List, Sequence, Tuple
 
@@ -116,17 +117,20 @@ def _group_targets(head: Any, gts: Sequence[Any], points: Tensor,
     inside_regress_range = ((max_regress_distance >= ranges[None, :, None, 0])
                             &
                             (max_regress_distance <= ranges[None, :, None, 1]))
-    outside = ~(
-        inside_gt_bbox_mask & inside_regress_range
-        & padded.mask[:, None, :])
-    areas.masked_fill_(outside, inf)
+    # stock's index put stores INF as the dtype holds it (inf in float16)
+    areas.masked_fill_(~(inside_gt_bbox_mask & inside_regress_range),
+                       areas.new_tensor(inf))
+    # padding: +inf, after the real columns, so that it never comes before
+    # one (a valid box may have an area over INF, or an infinite one)
+    areas.masked_fill_(~padded.mask[:, None, :], float('inf'))
     min_area, min_area_inds = areas.min(dim=2)
     labels = padded.labels.gather(1, min_area_inds)
     labels.masked_fill_(min_area == inf, head.num_classes)
     bbox_targets = bbox_targets.gather(
         2, min_area_inds[..., None, None].expand(*size[:2], 1, 4))[:, :, 0]
     empty = [i for i, count in enumerate(padded.counts) if count == 0]
-    if empty:  # stock: new_zeros for an image without ground truths
+    if empty:  # stock: background labels, new_zeros boxes
+        labels[empty] = head.num_classes
         bbox_targets[empty] = 0
     return labels, bbox_targets
 
