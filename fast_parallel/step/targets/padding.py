@@ -4,7 +4,8 @@ One ``cat`` and one gather whatever the batch: the gather index is built on
 the host from the box counts (shapes, so no device sync) and travels in one
 copy, non-blocking from pinned memory on a GPU. Padding slots hold a dummy
 row (zeros, label -1) that every family masks out. Also the checks and the
-per-level split the 2D families share.
+per-level split the 2D families share, and the one way they move host
+values to the device (:func:`to_device`).
 """
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -12,7 +13,8 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    'Padded', 'gt_layout_reason', 'images_to_levels', 'pad_gts', 'pad_rows'
+    'Padded', 'gt_layout_reason', 'images_to_levels', 'pad_gts', 'pad_rows',
+    'to_device'
 ]
 
 
@@ -28,6 +30,18 @@ class Padded(NamedTuple):
     counts: List[int]
 
 
+def to_device(host: Any, device: torch.device) -> Tensor:
+    """A host array or tensor on ``device``: one copy, non-blocking from
+    pinned memory on a GPU (on the CPU, the tensor itself)."""
+    tensor = torch.as_tensor(host)
+    if device.type == 'cpu':
+        return tensor
+    pinned = device.type == 'cuda'
+    if pinned:
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=pinned)
+
+
 def _gather_index(counts: Sequence[int], width: int,
                   device: torch.device) -> Tensor:
     """``(B, width)`` indices into the rows of all samples, then a dummy."""
@@ -38,10 +52,8 @@ def _gather_index(counts: Sequence[int], width: int,
         index.extend(range(start, start + count))
         index.extend([total] * (width - count))  # the dummy row
         start += count
-    pinned = device.type == 'cuda'
-    return torch.tensor(
-        index, dtype=torch.long, pin_memory=pinned).to(
-            device, non_blocking=pinned).view(len(counts), width)
+    return to_device(torch.tensor(index, dtype=torch.long),
+                     device).view(len(counts), width)
 
 
 def pad_rows(rows: Sequence[Tensor],

@@ -10,8 +10,9 @@ every prior is in (the common case, decided on the host).
 from typing import Any, Optional, Sequence
 
 import numpy as np
-import torch
 from torch import Tensor
+
+from fast_parallel.step.targets.padding import to_device
 
 __all__ = ['inside_flags', 'image_without_prior_on_host']
 
@@ -110,11 +111,7 @@ def inside_flags(head: Any, priors: Tensor, featmap_sizes: Sequence,
             _all_valid(head, featmap_sizes, pad) for pad in set(pads)):
         return None
     rows = {pad: _valid_flags(head, featmap_sizes, pad) for pad in set(pads)}
-    pinned = priors.device.type == 'cuda'
-    valid = torch.from_numpy(np.stack([rows[pad] for pad in pads]))
-    if pinned:
-        valid = valid.pin_memory()
-    valid = valid.to(priors.device, non_blocking=pinned)
+    valid = to_device(np.stack([rows[pad] for pad in pads]), priors.device)
     if border < 0:
         return valid
     size = priors.new_tensor([m['img_shape'][:2] for m in metas])

@@ -11,16 +11,13 @@ sampler's random draws in stock's order) instead of an ``assign`` and a
 between stages are the head's own. Each stage counts as a batch of images
 in the head's counter.
 """
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from fast_parallel.compat.targets import upstream
-from fast_parallel.step.targets.max_iou.sampling import sampler_reason
-from fast_parallel.step.targets.max_iou.targets import assigner_reason
-from fast_parallel.step.targets.roi.targets import batch_reason, sample_rois
-from fast_parallel.step.targets.stock_way import batch_targets
+from fast_parallel.step.targets.roi.targets import roi_samples, sampling_reason
 
 __all__ = ['loss', 'supported']
 
@@ -44,41 +41,10 @@ def supported(head: Any) -> Optional[str]:
             len(samplers) != head.num_stages:
         return f'{name} has no assigner and sampler per stage (no train_cfg)'
     for stage, (assigner, sampler) in enumerate(zip(assigners, samplers)):
-        why = assigner_reason(assigner) or sampler_reason(sampler)
-        if why is None and type(sampler) is not upstream('RandomSampler'):
-            why = f'sampler {type(sampler).__name__} is not RandomSampler'
+        why = sampling_reason(assigner, sampler)
         if why:
             return f'stage {stage}: {why}'
     return None
-
-
-def _stage_samples(self: Any, stage: int, x: Tuple[Tensor],
-                   results_list: Sequence[Any], batch_gt_instances: list,
-                   batch_gt_instances_ignore: list) -> List[Any]:
-    """One stage's sampling results: batched, or stock's loop (counted)."""
-    num_imgs = len(results_list)
-    bbox_assigner = self.bbox_assigner[stage]
-    bbox_sampler = self.bbox_sampler[stage]
-    for results in results_list:
-        # rename rpn_results.bboxes to rpn_results.priors
-        results.priors = results.pop('bboxes')
-    proposals = [results.priors for results in results_list]
-    with batch_targets(self, num_imgs) as stock_way:
-        if batch_reason(bbox_assigner, proposals, batch_gt_instances) is None:
-            return sample_rois(self, proposals, batch_gt_instances, stage)
-        stock_way.count(num_imgs)
-        sampling_results = []
-        for i in range(num_imgs):
-            assign_result = bbox_assigner.assign(results_list[i],
-                                                 batch_gt_instances[i],
-                                                 batch_gt_instances_ignore[i])
-            sampling_results.append(
-                bbox_sampler.sample(
-                    assign_result,
-                    results_list[i],
-                    batch_gt_instances[i],
-                    feats=[lvl_feat[i][None] for lvl_feat in x]))
-        return sampling_results
 
 
 def loss(self: Any, x: Tuple[Tensor], rpn_results_list: Sequence[Any],
@@ -110,9 +76,9 @@ def loss(self: Any, x: Tuple[Tensor], rpn_results_list: Sequence[Any],
         # assign gts and sample proposals
         sampling_results = []
         if self.with_bbox or self.with_mask:
-            sampling_results = _stage_samples(self, stage, x, results_list,
-                                              batch_gt_instances,
-                                              batch_gt_instances_ignore)
+            sampling_results = roi_samples(self, x, results_list,
+                                           batch_gt_instances,
+                                           batch_gt_instances_ignore, stage)
 
         # bbox head forward and loss
         bbox_results = self.bbox_loss(stage, x, sampling_results)

@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from fast_parallel.compat.targets import upstream
-from fast_parallel.step.targets.padding import pad_gts
+from fast_parallel.step.targets.padding import (images_to_levels, pad_gts,
+                                                to_device)
 
 __all__ = ['GRID_BUDGET', 'image_groups', 'point_targets']
 
@@ -64,11 +65,8 @@ def _level_strides(head: Any, num_points: Sequence[int], dtype: torch.dtype,
     radius = head.center_sample_radius
     per_level = torch.tensor(
         [s * radius for s in head.strides[:len(num_points)]], dtype=dtype)
-    column = per_level.repeat_interleave(torch.tensor(num_points))
-    pinned = device.type == 'cuda'
-    if pinned:
-        column = column.pin_memory()
-    return column.to(device, non_blocking=pinned)
+    return to_device(
+        per_level.repeat_interleave(torch.tensor(num_points)), device)
 
 
 def _group_targets(head: Any, gts: Sequence[Any], points: Tensor,
@@ -173,14 +171,13 @@ def point_targets(head: Any, points: Sequence[Tensor],
     bbox_targets = bbox_parts[0] if len(bbox_parts) == 1 else torch.cat(
         bbox_parts)
     concat_lvl_labels, concat_lvl_bbox_targets = [], []
-    begin = 0
-    for i, size in enumerate(num_points):
-        end = begin + size
+    for level_labels, level_boxes, stride in zip(
+            images_to_levels(labels, num_points),
+            images_to_levels(bbox_targets, num_points), head.strides):
         # stock's cat: dense (a one-point level's reshape is a view)
-        concat_lvl_labels.append(labels[:, begin:end].reshape(-1).contiguous())
-        level_boxes = bbox_targets[:, begin:end].reshape(-1, 4).contiguous()
+        concat_lvl_labels.append(level_labels.reshape(-1).contiguous())
+        level_boxes = level_boxes.reshape(-1, 4).contiguous()
         if head.norm_on_bbox:
-            level_boxes = level_boxes / head.strides[i]
+            level_boxes = level_boxes / stride
         concat_lvl_bbox_targets.append(level_boxes)
-        begin = end
     return concat_lvl_labels, concat_lvl_bbox_targets

@@ -13,9 +13,8 @@ import torch
 
 from fast_parallel.compat.targets import upstream
 from fast_parallel.step.targets.hungarian.match import (DETRTargets,
-                                                        image_factors,
-                                                        to_device)
-from fast_parallel.step.targets.padding import Padded, pad_gts
+                                                        image_factors)
+from fast_parallel.step.targets.padding import Padded, pad_gts, to_device
 
 __all__ = ['dn_targets']
 

@@ -26,9 +26,8 @@ from fast_parallel.step.targets.hungarian.costs import (LabelOutOfRange,
 from fast_parallel.step.targets.hungarian.match import (assign_on_host,
                                                         batch_reason,
                                                         gts_reason,
-                                                        image_factors,
-                                                        to_device)
-from fast_parallel.step.targets.padding import Padded, pad_gts
+                                                        image_factors)
+from fast_parallel.step.targets.padding import Padded, pad_gts, to_device
 
 __all__ = ['LayerPlan', 'loss_by_feat', 'tensor_key']
 

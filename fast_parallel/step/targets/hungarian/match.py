@@ -16,11 +16,11 @@ from fast_parallel.compat.targets import upstream
 from fast_parallel.step.targets.hungarian.costs import (batch_costs,
                                                         cxcywh_to_xyxy)
 from fast_parallel.step.targets.padding import (Padded, gt_layout_reason,
-                                                pad_gts)
+                                                pad_gts, to_device)
 
 __all__ = [
     'DETRTargets', 'assign_on_host', 'batch_reason', 'detr_targets',
-    'gts_reason', 'hungarian_match', 'image_factors', 'to_device'
+    'gts_reason', 'hungarian_match', 'image_factors'
 ]
 
 
@@ -75,18 +75,6 @@ def gts_reason(gts: Sequence[Any], device: torch.device) -> Optional[str]:
     if any(gt.labels.dtype not in (torch.int64, torch.int32) for gt in gts):
         return 'label dtype'  # stock indexes by them (uint8: as a mask)
     return None
-
-
-def to_device(host: Any, device: torch.device) -> Tensor:
-    """A host array or tensor on ``device``: one copy, non-blocking from
-    pinned memory on a GPU."""
-    tensor = torch.as_tensor(host)
-    if device.type == 'cpu':
-        return tensor
-    pinned = device.type == 'cuda'
-    if pinned:
-        tensor = tensor.pin_memory()
-    return tensor.to(device, non_blocking=pinned)
 
 
 def image_factors(like: Tensor, metas: Sequence[dict]) -> Tensor:

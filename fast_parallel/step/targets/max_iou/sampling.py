@@ -16,6 +16,7 @@ from torch import Tensor
 
 from fast_parallel.compat.targets import replaced_reason, upstream
 from fast_parallel.step.targets.dynamic_k import host_values, nonzero
+from fast_parallel.step.targets.padding import to_device
 
 __all__ = ['Sampled', 'sample_batch', 'sampler_reason']
 
@@ -82,10 +83,7 @@ def _chosen(candidates: Tensor, counts: Sequence[int],
                   count) if pick is None else [start + p for p in pick])
         start += count
     device = candidates.device
-    pinned = device.type == 'cuda'
-    index_t = torch.tensor(
-        index, dtype=torch.long, pin_memory=pinned).to(
-            device, non_blocking=pinned)
+    index_t = to_device(torch.tensor(index, dtype=torch.long), device)
     mask = torch.zeros(size, dtype=torch.bool, device=device)
     return mask.index_fill_(0, candidates[index_t], True)
 

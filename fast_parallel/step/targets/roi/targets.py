@@ -16,10 +16,92 @@ from torch import Tensor
 from fast_parallel.compat.targets import upstream
 from fast_parallel.step.targets.dynamic_k import nonzero
 from fast_parallel.step.targets.max_iou.assign import assign_batch
-from fast_parallel.step.targets.max_iou.sampling import sample_batch
-from fast_parallel.step.targets.padding import pad_gts, pad_rows
+from fast_parallel.step.targets.max_iou.sampling import (sample_batch,
+                                                         sampler_reason)
+from fast_parallel.step.targets.max_iou.targets import assigner_reason
+from fast_parallel.step.targets.padding import pad_gts, pad_rows, to_device
+from fast_parallel.step.targets.stock_way import batch_targets
 
-__all__ = ['batch_reason', 'sample_rois']
+__all__ = ['batch_reason', 'roi_samples', 'sample_rois', 'sampling_reason']
+
+
+def sampling_reason(assigner: Any, sampler: Any) -> Optional[str]:
+    """None for an RoI head's assigner and sampler :func:`sample_rois`
+    reproduces (``MaxIoUAssigner``, ``RandomSampler``), else why not."""
+    why = assigner_reason(assigner) or sampler_reason(sampler)
+    if why is None and type(sampler) is not upstream('RandomSampler'):
+        why = f'sampler {type(sampler).__name__} is not RandomSampler'
+    return why
+
+
+def roi_samples(head: Any,
+                x: Sequence[Tensor],
+                results_list: Sequence[Any],
+                batch_gt_instances: Sequence[Any],
+                batch_gt_instances_ignore: Sequence[Any],
+                stage: Optional[int] = None) -> List[Any]:
+    """What stock's RoI ``loss`` gets from its assign + sample loop: each
+    image's ``bboxes`` renamed ``priors`` (as stock renames them), then the
+    sampling results of :func:`sample_rois`, or, for a batch
+    :func:`batch_reason` rules out, stock's own loop (counted).
+
+    Args:
+        head: The switched ``StandardRoIHead`` or ``CascadeRoIHead``.
+        x (Sequence[Tensor]): Multi-level features.
+        results_list (Sequence[InstanceData]): Boxes per image (``bboxes``).
+        batch_gt_instances (Sequence[InstanceData]): Ground truths.
+        batch_gt_instances_ignore (Sequence): Ignored boxes per image.
+        stage (int, optional): The cascade stage; None: the head's only
+            assigner and sampler.
+
+    Returns:
+        list[SamplingResult]: Stock's, image by image.
+    """
+    assigner, sampler = head.bbox_assigner, head.bbox_sampler
+    if stage is not None:
+        assigner, sampler = assigner[stage], sampler[stage]
+    num_imgs = len(results_list)
+    for results in results_list:
+        # rename rpn_results.bboxes to rpn_results.priors
+        results.priors = results.pop('bboxes')
+    proposals = [results.priors for results in results_list]
+    with batch_targets(head, num_imgs) as stock_way:
+        if batch_reason(assigner, proposals, batch_gt_instances) is None:
+            return sample_rois(head, proposals, batch_gt_instances, stage)
+        stock_way.count(num_imgs)
+        return _stock_samples(assigner, sampler, x, results_list,
+                              batch_gt_instances, batch_gt_instances_ignore)
+
+
+def _stock_samples(assigner: Any, sampler: Any, x: Sequence[Tensor],
+                   results_list: Sequence[Any],
+                   batch_gt_instances: Sequence[Any],
+                   batch_gt_instances_ignore: Sequence[Any]) -> List[Any]:
+    """Stock's loop: one ``assign`` and one ``sample`` per image (the
+    images' ``bboxes`` already renamed ``priors``).
+
+    Args:
+        assigner: The (stage's) bbox assigner.
+        sampler: The (stage's) bbox sampler.
+        x (Sequence[Tensor]): Multi-level features.
+        results_list (Sequence[InstanceData]): Proposals per image.
+        batch_gt_instances (Sequence[InstanceData]): Ground truths.
+        batch_gt_instances_ignore (Sequence): Ignored boxes per image.
+
+    Returns:
+        list[SamplingResult]: Stock's, image by image.
+    """
+    sampling_results = []
+    for i, results in enumerate(results_list):
+        assign_result = assigner.assign(results, batch_gt_instances[i],
+                                        batch_gt_instances_ignore[i])
+        sampling_results.append(
+            sampler.sample(
+                assign_result,
+                results,
+                batch_gt_instances[i],
+                feats=[lvl_feat[i][None] for lvl_feat in x]))
+    return sampling_results
 
 
 def batch_reason(assigner: Any, proposals: Sequence[Tensor],
@@ -57,10 +139,7 @@ def _ragged_index(gt_counts: Sequence[int], roi_counts: Sequence[int],
             index.extend(range(base, base + g))
         index.extend(range(base + gt_width, base + gt_width + p))
         local.extend(range(len(index) - len(local)))
-    pinned = device.type == 'cuda'
-    return torch.tensor([index, local], dtype=torch.long,
-                        pin_memory=pinned).to(
-                            device, non_blocking=pinned)
+    return to_device(torch.tensor([index, local], dtype=torch.long), device)
 
 
 def sample_rois(head: Any,
