@@ -29,6 +29,16 @@ def sample_data(tmp_path_factory) -> Path:
     return load_tool('make_sample_data').make_sample_data(out)
 
 
+@pytest.fixture
+def mmdet_scope():
+    """Build in mmdet's scope whatever scope an earlier test left current
+    (the anchor3d tests leave mmdet3d's); for a module,
+    ``pytestmark = pytest.mark.usefixtures('mmdet_scope')``."""
+    from mmengine.registry import DefaultScope
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        yield
+
+
 @pytest.fixture(autouse=True)
 def same_cpu_threads():
     """Every test starts on the CPU thread count the tests started on.

@@ -17,8 +17,8 @@ from mmdet.registry import MODELS
 from mmdet.structures import DetDataSample
 from mmdet.utils import register_all_modules
 from mmengine.hub import get_config
-from mmengine.registry import DefaultScope
 from mmengine.structures import InstanceData
+from targets_utils import DEVICES, small_parity
 from test_targets_max_iou import _roi_case, assert_same_sampling
 
 from fast_parallel.step.targets import cascade
@@ -28,19 +28,8 @@ from fast_parallel.step.targets.switch import switch_targets
 register_all_modules()
 CASCADE = 'mmdet::cascade_rcnn/cascade-rcnn_r50_fpn_1x_coco.py'
 CASCADE_MASK = 'mmdet::cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py'
-DEVICES = [
-    'cpu',
-    pytest.param(
-        'cuda',
-        marks=pytest.mark.skipif(
-            not torch.cuda.is_available(), reason='needs CUDA'))
-]
 
-
-@pytest.fixture(autouse=True)
-def _mmdet_scope():
-    with DefaultScope.overwrite_default_scope('mmdet'):
-        yield
+pytestmark = pytest.mark.usefixtures('mmdet_scope')
 
 
 def build_roi_head(config: str, num_classes: int = 80):
@@ -164,34 +153,10 @@ def test_cascade_parity_through_the_runner(sample_data, tmp_path, capsys):
     """tools/parity.py on mmdet's Cascade R-CNN config (the sample COCO
     images at 320 px, batch 2): stock and fast train to the same losses,
     gradient norms and parameters, every stage of every image batched."""
-    import json
-
-    from conftest import load_tool
-
-    from fast_parallel.bench.presets import data_options
-    out = tmp_path / 'report.json'
-    config = tmp_path / 'cascade_small.py'
-    config.write_text(
-        f"_base_ = '{CASCADE}'\n"
-        'model = dict(backbone=dict(init_cfg=None))\n'
-        'train_dataloader = dict(batch_size=2, num_workers=0, '
-        'persistent_workers=False, dataset=dict(pipeline=[\n'
-        "    dict(type='LoadImageFromFile'),\n"
-        "    dict(type='LoadAnnotations', with_bbox=True),\n"
-        "    dict(type='Resize', scale=(320, 320), keep_ratio=True),\n"
-        "    dict(type='RandomFlip', prob=0.5),\n"
-        "    dict(type='PackDetInputs')]))\n")
-    code = load_tool('parity').main([
-        str(config), '--iters', '2', '--out',
-        str(out), '--work-dir',
-        str(tmp_path), '--cfg-options', *data_options('mmdet', sample_data)
-    ])
-    printed = capsys.readouterr().out
-    assert code == 0, printed
-    assert 'result: IDENTICAL' in printed
-    report = json.loads(out.read_text())
-    assert report['ok'] is True and len(report['fast']['losses']) == 2
-    logs = ''.join(p.read_text() for p in tmp_path.rglob('*.log'))
+    logs = small_parity(CASCADE, [
+        "dict(type='Resize', scale=(320, 320), keep_ratio=True)",
+        "dict(type='RandomFlip', prob=0.5)"
+    ], sample_data, tmp_path, capsys)
     assert 'CascadeRoIHead/MaxIoUAssigner batched' in logs
     # three stages of two images, two iterations
     assert ('CascadeRoIHead/MaxIoUAssigner batched for 12 of 12 images, 0 '

@@ -18,8 +18,8 @@ from mmdet.registry import MODELS
 from mmdet.structures.bbox import HorizontalBoxes
 from mmdet.utils import register_all_modules
 from mmengine.hub import get_config
-from mmengine.registry import DefaultScope
 from mmengine.structures import InstanceData
+from targets_utils import DEVICES, small_parity
 
 from fast_parallel.bench.opcount import OpCounter
 from fast_parallel.step.targets import fcos
@@ -27,13 +27,6 @@ from fast_parallel.step.targets.fcos.targets import image_groups
 from fast_parallel.step.targets.switch import switch_targets
 
 register_all_modules()
-DEVICES = [
-    'cpu',
-    pytest.param(
-        'cuda',
-        marks=pytest.mark.skipif(
-            not torch.cuda.is_available(), reason='needs CUDA'))
-]
 FCOS = 'mmdet::fcos/fcos_r50-caffe_fpn_gn-head_1x_coco.py'
 FCOS_CENTER = ('mmdet::fcos/fcos_r50-caffe_fpn_gn-head-center-normbbox-'
                'centeronreg-giou_1x_coco.py')
@@ -41,11 +34,7 @@ NASFCOS = ('mmdet::nas_fcos/'
            'nas-fcos_r50-caffe_fpn_nashead-gn-head_4xb4-1x_coco.py')
 CASES = 12
 
-
-@pytest.fixture(autouse=True)
-def _mmdet_scope():
-    with DefaultScope.overwrite_default_scope('mmdet'):
-        yield
+pytestmark = pytest.mark.usefixtures('mmdet_scope')
 
 
 def build_head(config: str, num_classes: int = 80):
@@ -129,6 +118,14 @@ def run_both(head, points, gts):
     return stock, out, stats.stock - before
 
 
+def batched_like_stock(head, points, gts, where=None):
+    """The switched head's targets: every image batched, equal to stock's."""
+    stock, out, stock_way = run_both(head, points, gts)
+    assert stock_way == 0, where
+    assert_same(stock, out)
+    return out
+
+
 def test_the_upstream_heads_are_covered():
     for head in HEADS.values():
         assert fcos.supported(head) is None
@@ -141,9 +138,7 @@ def test_batched_targets_equal_stock(name, device, points_dtype):
     head = HEADS[name]
     for seed in range(CASES):
         points, gts = random_batch(seed, head, device, points_dtype)
-        stock, out, stock_way = run_both(head, points, gts)
-        assert stock_way == 0, seed
-        assert_same(stock, out)
+        batched_like_stock(head, points, gts, seed)
 
 
 def test_a_batch_without_any_box_and_one_giant_box():
@@ -154,15 +149,12 @@ def test_a_batch_without_any_box_and_one_giant_box():
             bboxes=torch.zeros(0, 4), labels=torch.zeros(0, dtype=torch.long))
         for _ in range(3)
     ]
-    stock, out, stock_way = run_both(head, points, gts)
-    assert stock_way == 0
-    assert_same(stock, out)
+    out = batched_like_stock(head, points, gts)
     assert all((labels == head.num_classes).all() for labels in out[0])
     gts[1] = InstanceData(
         bboxes=torch.tensor([[-1e4, -1e4, 1e4, 1e4]]),
         labels=torch.tensor([2]))
-    stock, out, _ = run_both(head, points, gts)
-    assert_same(stock, out)
+    out = batched_like_stock(head, points, gts)
     assert any((labels == 2).any() for labels in out[0])
 
 
@@ -181,9 +173,7 @@ def test_boxes_larger_than_inf_next_to_padding():
                 bboxes=torch.tensor([giant, [0., 0., 10., 10.]]),
                 labels=torch.tensor([1, 2])),
         ]
-        stock, out, stock_way = run_both(head, points, gts)
-        assert stock_way == 0
-        assert_same(stock, out)
+        batched_like_stock(head, points, gts)
 
 
 @pytest.mark.parametrize('device', DEVICES)
@@ -195,9 +185,7 @@ def test_half_boxes_as_stock(device):
         gts = [
             InstanceData(bboxes=g.bboxes.half(), labels=g.labels) for g in gts
         ]
-        stock, out, stock_way = run_both(head, points, gts)
-        assert stock_way == 0
-        assert_same(stock, out)
+        batched_like_stock(head, points, gts)
 
 
 def test_nan_and_inf_boxes_as_stock():
@@ -207,9 +195,7 @@ def test_nan_and_inf_boxes_as_stock():
         bboxes=torch.tensor([[float('nan'), 0., 10., 10.],
                              [0., 0., float('inf'), 40.], [0., 0., 40., 40.]]),
         labels=torch.tensor([1, 2, 3]))
-    stock, out, stock_way = run_both(head, points, gts)
-    assert stock_way == 0
-    assert_same(stock, out)
+    batched_like_stock(head, points, gts)
 
 
 @pytest.mark.parametrize('budget', [1, 5000, 1 << 40])
@@ -234,9 +220,7 @@ def test_grouped_images_give_stock_targets(monkeypatch):
     assert len(
         image_groups([len(g) for g in gts], sum(p.shape[0] for p in points),
                      3000)) > 1
-    stock, out, stock_way = run_both(head, points, gts)
-    assert stock_way == 0
-    assert_same(stock, out)
+    batched_like_stock(head, points, gts)
 
 
 def test_other_layouts_take_the_stock_path_counted():
@@ -297,34 +281,10 @@ def test_fcos_parity_through_the_runner(sample_data, tmp_path, capsys):
     sample COCO images at 320 px, batch 2): stock and fast train to the
     same losses, gradient norms and parameters, every image's targets
     batched."""
-    import json
-
-    from conftest import load_tool
-
-    from fast_parallel.bench.presets import data_options
-    out = tmp_path / 'report.json'
-    config = tmp_path / 'fcos_small.py'
-    config.write_text(
-        f"_base_ = '{FCOS_CENTER}'\n"
-        'model = dict(backbone=dict(init_cfg=None))\n'
-        'train_dataloader = dict(batch_size=2, num_workers=0, '
-        'persistent_workers=False, dataset=dict(pipeline=[\n'
-        "    dict(type='LoadImageFromFile'),\n"
-        "    dict(type='LoadAnnotations', with_bbox=True),\n"
-        "    dict(type='Resize', scale=(320, 320), keep_ratio=True),\n"
-        "    dict(type='RandomFlip', prob=0.5),\n"
-        "    dict(type='PackDetInputs')]))\n")
-    code = load_tool('parity').main([
-        str(config), '--iters', '2', '--out',
-        str(out), '--work-dir',
-        str(tmp_path), '--cfg-options', *data_options('mmdet', sample_data)
-    ])
-    printed = capsys.readouterr().out
-    assert code == 0, printed
-    assert 'result: IDENTICAL' in printed
-    report = json.loads(out.read_text())
-    assert report['ok'] is True and len(report['fast']['losses']) == 2
-    logs = ''.join(p.read_text() for p in tmp_path.rglob('*.log'))
+    logs = small_parity(FCOS_CENTER, [
+        "dict(type='Resize', scale=(320, 320), keep_ratio=True)",
+        "dict(type='RandomFlip', prob=0.5)"
+    ], sample_data, tmp_path, capsys)
     assert 'targets: FCOSHead batched' in logs
     assert 'FCOSHead batched for 4 of 4 images, 0 computed the stock way' \
         in logs

@@ -15,7 +15,6 @@ from mmdet.registry import MODELS
 from mmdet.utils import register_all_modules
 from mmengine.config import ConfigDict
 from mmengine.hub import get_config
-from mmengine.registry import DefaultScope
 from mmengine.structures import InstanceData
 
 from fast_parallel.step.targets.switch import switch_targets
@@ -25,11 +24,7 @@ RTMDET = 'mmdet::rtmdet/rtmdet_tiny_8xb32-300e_coco.py'
 RETINA = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'
 FASTER = 'mmdet::faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py'
 
-
-@pytest.fixture(autouse=True)
-def _mmdet_scope():
-    with DefaultScope.overwrite_default_scope('mmdet'):
-        yield
+pytestmark = pytest.mark.usefixtures('mmdet_scope')
 
 
 def _build(which: str, num_classes: int = 1, **train) -> torch.nn.Module:

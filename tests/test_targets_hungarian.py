@@ -17,8 +17,8 @@ from mmdet.registry import MODELS
 from mmdet.structures.bbox import bbox_cxcywh_to_xyxy
 from mmdet.utils import register_all_modules
 from mmengine.hub import get_config
-from mmengine.registry import DefaultScope
 from mmengine.structures import InstanceData
+from targets_utils import DEVICES, small_parity
 
 from fast_parallel.step.targets import hungarian
 from fast_parallel.step.targets.hungarian import match as match_module
@@ -34,19 +34,8 @@ DINO = 'mmdet::dino/dino-4scale_r50_8xb2-12e_coco.py'
 DEFORMABLE = ('mmdet::deformable_detr/'
               'deformable-detr-refine-twostage_r50_16xb2-50e_coco.py')
 DETR = 'mmdet::detr/detr_r18_8xb2-500e_coco.py'
-DEVICES = [
-    'cpu',
-    pytest.param(
-        'cuda',
-        marks=pytest.mark.skipif(
-            not torch.cuda.is_available(), reason='needs CUDA'))
-]
 
-
-@pytest.fixture(autouse=True)
-def _mmdet_scope():
-    with DefaultScope.overwrite_default_scope('mmdet'):
-        yield
+pytestmark = pytest.mark.usefixtures('mmdet_scope')
 
 
 def build_head(config: str, device: str = 'cpu', **head) -> torch.nn.Module:
@@ -371,34 +360,10 @@ def test_dino_parity_through_the_runner(sample_data, tmp_path, capsys):
     """tools/parity.py on mmdet's DINO config (the sample COCO images at
     320 px, batch 2): stock and fast train to the same losses, gradient
     norms and parameters, the head's targets batched for every image."""
-    import json
-
-    from conftest import load_tool
-
-    from fast_parallel.bench.presets import data_options
-    out = tmp_path / 'report.json'
-    config = tmp_path / 'dino_small.py'
-    config.write_text(
-        f"_base_ = '{DINO}'\n"
-        'model = dict(backbone=dict(init_cfg=None))\n'
-        'train_dataloader = dict(batch_size=2, num_workers=0, '
-        'persistent_workers=False, dataset=dict(pipeline=[\n'
-        "    dict(type='LoadImageFromFile'),\n"
-        "    dict(type='LoadAnnotations', with_bbox=True),\n"
-        "    dict(type='RandomFlip', prob=0.5),\n"
-        "    dict(type='Resize', scale=(320, 320), keep_ratio=True),\n"
-        "    dict(type='PackDetInputs')]))\n")
-    code = load_tool('parity').main([
-        str(config), '--iters', '2', '--out',
-        str(out), '--work-dir',
-        str(tmp_path), '--cfg-options', *data_options('mmdet', sample_data)
-    ])
-    printed = capsys.readouterr().out
-    assert code == 0, printed
-    assert 'result: IDENTICAL' in printed
-    report = json.loads(out.read_text())
-    assert report['ok'] is True and len(report['fast']['losses']) == 2
-    logs = ''.join(p.read_text() for p in tmp_path.rglob('*.log'))
+    logs = small_parity(DINO, [
+        "dict(type='RandomFlip', prob=0.5)",
+        "dict(type='Resize', scale=(320, 320), keep_ratio=True)"
+    ], sample_data, tmp_path, capsys)
     assert 'targets: DINOHead/HungarianAssigner batched' in logs
     # per layer and decoder call: 6 layers + the encoder's proposals + 6
     # denoising layers, 2 images each, 2 iterations

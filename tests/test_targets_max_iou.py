@@ -18,8 +18,8 @@ from mmdet.registry import MODELS
 from mmdet.utils import register_all_modules
 from mmengine.config import ConfigDict
 from mmengine.hub import get_config
-from mmengine.registry import DefaultScope
 from mmengine.structures import InstanceData
+from targets_utils import DEVICES
 
 from fast_parallel.bench.opcount import OpCounter
 from fast_parallel.step.targets import max_iou, roi
@@ -31,19 +31,8 @@ register_all_modules()
 RETINA = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'
 FASTER = 'mmdet::faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py'
 CASES_PER_TEST = 6
-DEVICES = [
-    'cpu',
-    pytest.param(
-        'cuda',
-        marks=pytest.mark.skipif(
-            not torch.cuda.is_available(), reason='needs CUDA'))
-]
 
-
-@pytest.fixture(autouse=True)
-def _mmdet_scope():
-    with DefaultScope.overwrite_default_scope('mmdet'):
-        yield
+pytestmark = pytest.mark.usefixtures('mmdet_scope')
 
 
 def _build(config: str, which: str, **train) -> torch.nn.Module:

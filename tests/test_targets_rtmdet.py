@@ -17,8 +17,8 @@ import torch
 from mmdet.registry import MODELS
 from mmdet.utils import register_all_modules
 from mmengine.hub import get_config
-from mmengine.registry import DefaultScope
 from mmengine.structures import InstanceData
+from targets_utils import DEVICES
 
 from fast_parallel.bench.opcount import OpCounter
 from fast_parallel.step.targets.rtmdet import loss_by_feat
@@ -28,21 +28,10 @@ from fast_parallel.step.targets.stock_way import StockWay
 from fast_parallel.step.targets.switch import switch_targets
 
 register_all_modules()
-DEVICES = [
-    'cpu',
-    pytest.param(
-        'cuda',
-        marks=pytest.mark.skipif(
-            not torch.cuda.is_available(), reason='needs CUDA'))
-]
 CASES_PER_TEST = 8
 RTMDET = 'mmdet::rtmdet/rtmdet_tiny_8xb32-300e_coco.py'
 
-
-@pytest.fixture(autouse=True)
-def _mmdet_scope():
-    with DefaultScope.overwrite_default_scope('mmdet'):
-        yield
+pytestmark = pytest.mark.usefixtures('mmdet_scope')
 
 
 def _head(num_classes: int = 80, sep_bn: bool = True, **train) -> torch.nn:

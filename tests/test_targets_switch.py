@@ -11,7 +11,6 @@ import torch
 from mmdet.models.dense_heads import YOLOXHead
 from mmdet.registry import MODELS
 from mmdet.utils import register_all_modules
-from mmengine.registry import DefaultScope
 from mmengine.structures import InstanceData
 
 from fast_parallel.step.targets.stats import TargetStats
@@ -19,11 +18,7 @@ from fast_parallel.step.targets.switch import COVERED, switch_targets
 
 register_all_modules()
 
-
-@pytest.fixture(autouse=True)
-def _mmdet_scope():
-    with DefaultScope.overwrite_default_scope('mmdet'):
-        yield
+pytestmark = pytest.mark.usefixtures('mmdet_scope')
 
 
 def _yolox(num_classes: int = 80, width: int = 64) -> torch.nn.Module:

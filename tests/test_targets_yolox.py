@@ -15,8 +15,8 @@ import torch
 from mmdet.models.utils import multi_apply
 from mmdet.registry import MODELS
 from mmdet.utils import register_all_modules
-from mmengine.registry import DefaultScope
 from mmengine.structures import InstanceData
+from targets_utils import DEVICES
 
 from fast_parallel.bench.opcount import OpCounter
 from fast_parallel.step.targets import cpu_paths
@@ -36,22 +36,9 @@ def yolox_targets(*args, **kwargs):
     return out, way.samples
 
 
-DEVICES = [
-    'cpu',
-    pytest.param(
-        'cuda',
-        marks=pytest.mark.skipif(
-            not torch.cuda.is_available(), reason='needs CUDA'))
-]
 CASES_PER_TEST = 10
 
-
-@pytest.fixture(autouse=True)
-def _mmdet_scope():
-    """Build in mmdet's scope whatever scope an earlier test left current
-    (the anchor3d tests leave mmdet3d's)."""
-    with DefaultScope.overwrite_default_scope('mmdet'):
-        yield
+pytestmark = pytest.mark.usefixtures('mmdet_scope')
 
 
 def _head(num_classes: int = 80, **assigner) -> torch.nn.Module:
