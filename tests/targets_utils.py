@@ -17,8 +17,13 @@ DEVICES = [
 ]
 
 
-def small_parity(base: str, transforms: Sequence[str], sample_data: Path,
-                 tmp_path: Path, capsys) -> str:
+def small_parity(
+        base: str,
+        transforms: Sequence[str],
+        sample_data: Path,
+        tmp_path: Path,
+        capsys,
+        load: str = "dict(type='LoadAnnotations', with_bbox=True)") -> str:
     """``tools/parity.py`` on the upstream config ``base`` (no pretrained
     weights), trained on the sample COCO images with the pipeline
     ``LoadImageFromFile``, ``LoadAnnotations``, ``transforms``,
@@ -32,6 +37,8 @@ def small_parity(base: str, transforms: Sequence[str], sample_data: Path,
         sample_data (Path): The ``sample_data`` fixture.
         tmp_path (Path): The test's folder.
         capsys: The test's ``capsys``.
+        load (str): The annotations' loading step (masks too: add
+            ``with_mask=True``).
 
     Returns:
         str: The text of every ``*.log`` the runs wrote.
@@ -42,8 +49,7 @@ def small_parity(base: str, transforms: Sequence[str], sample_data: Path,
     out = tmp_path / 'report.json'
     config = tmp_path / 'small.py'
     steps = [
-        "dict(type='LoadImageFromFile')",
-        "dict(type='LoadAnnotations', with_bbox=True)", *transforms,
+        "dict(type='LoadImageFromFile')", load, *transforms,
         "dict(type='PackDetInputs')"
     ]
     config.write_text(f"_base_ = '{base}'\n"

@@ -78,6 +78,10 @@ PRESETS: Dict[str, Preset] = {
     'fcos_r50':
     Preset('mmdet::fcos/fcos_r50-caffe_fpn_gn-head_1x_coco.py', 'mmdet',
            _MMDET_640),
+    'atss_r50':
+    Preset('mmdet::atss/atss_r50_fpn_1x_coco.py', 'mmdet', _MMDET_640),
+    'gfl_r50':
+    Preset('mmdet::gfl/gfl_r50_fpn_1x_coco.py', 'mmdet', _MMDET_640),
     'cascade_rcnn_r50':
     Preset('mmdet::cascade_rcnn/cascade-rcnn_r50_fpn_1x_coco.py', 'mmdet',
            _MMDET_640),

@@ -40,6 +40,15 @@ UPSTREAM: Dict[str, Tuple[str, str, str]] = {
     'FCOSHead': (_DENSE, 'FCOSHead', 'mmdet'),
     'NASFCOSHead': (_DENSE, 'NASFCOSHead', 'mmdet'),
     'FCOS.INF': (f'{_DENSE}.fcos_head', 'INF', 'mmdet'),
+    # ATSS / GFL
+    'ATSSHead': (_DENSE, 'ATSSHead', 'mmdet'),
+    'GFLHead': (_DENSE, 'GFLHead', 'mmdet'),
+    'ATSSAssigner': (_ASSIGNERS, 'ATSSAssigner', 'mmdet'),
+    # Mask R-CNN's mask targets
+    'FCNMaskHead':
+    ('mmdet.models.roi_heads.mask_heads', 'FCNMaskHead', 'mmdet'),
+    'BitmapMasks': ('mmdet.structures.mask', 'BitmapMasks', 'mmdet'),
+    'roi_align': ('mmcv.ops', 'roi_align', 'mmcv'),
     # the MaxIoUAssigner family
     'RetinaHead': (_DENSE, 'RetinaHead', 'mmdet'),
     'RPNHead': (_DENSE, 'RPNHead', 'mmdet'),
@@ -60,8 +69,8 @@ UPSTREAM: Dict[str, Tuple[str, str, str]] = {
     ('mmdet.models.utils', 'unpack_gt_instances', 'mmdet'),
     # mmdet3d's anchor head
     'Anchor3DHead': ('mmdet3d.models.dense_heads', 'Anchor3DHead', 'mmdet3d'),
-    'Max3DIoUAssigner':
-    ('mmdet3d.models.task_modules', 'Max3DIoUAssigner', 'mmdet3d'),
+    'Max3DIoUAssigner': ('mmdet3d.models.task_modules', 'Max3DIoUAssigner',
+                         'mmdet3d'),
     'PseudoSampler3D': ('mmdet3d.models.task_modules', 'PseudoSampler',
                         'mmdet3d'),
     'DeltaXYZWLHRBBoxCoder': ('mmdet3d.models.task_modules',
@@ -132,6 +141,12 @@ STANDS_FOR: Dict[str, Tuple[str, ...]] = {
     'DynamicSoftLabelAssigner': ('assign', 'dynamic_k_matching'),
     'AnchorHead': ('get_anchors', 'get_targets', 'loss_by_feat_single'),
     'FCOSHead': ('get_targets', TARGETS_SINGLE),
+    'ATSSHead': ('get_anchors', 'get_targets', TARGETS_SINGLE,
+                 'get_num_level_anchors_inside'),
+    'GFLHead': ('get_anchors', 'get_targets', TARGETS_SINGLE,
+                'get_num_level_anchors_inside'),
+    'ATSSAssigner': ('assign', ),
+    'FCNMaskHead': ('get_targets', ),
     'MaxIoUAssigner': ('assign', 'assign_wrt_overlaps'),
     'RandomSampler':
     RANDOM_SAMPLER_METHODS,

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from fast_parallel.step.targets.padding import to_device
 
-__all__ = ['inside_flags', 'image_without_prior_on_host']
+__all__ = ['inside_flags', 'image_without_prior_on_host', 'valid_flags']
 
 
 def _all_valid(head: Any, featmap_sizes: Sequence, pad_shape: tuple) -> bool:
@@ -85,6 +85,25 @@ def _valid_flags(head: Any, featmap_sizes: Sequence,
     return np.concatenate(levels)
 
 
+def valid_flags(head: Any, featmap_sizes: Sequence, metas: Sequence[dict],
+                device: Any) -> Tensor:
+    """``prior_generator.valid_flags`` of every image, ``(B, N)`` bool:
+    made on the host per pad shape (booleans, exact) and sent in one copy.
+
+    Args:
+        head: A dense head (``prior_generator``).
+        featmap_sizes (Sequence): Feature map size per level.
+        metas (Sequence[dict]): ``pad_shape`` per image.
+        device: Where the flags go.
+
+    Returns:
+        Tensor: Each image's flags of every level, levels one after another.
+    """
+    pads = [tuple(m['pad_shape'][:2]) for m in metas]
+    rows = {pad: _valid_flags(head, featmap_sizes, pad) for pad in set(pads)}
+    return to_device(np.stack([rows[pad] for pad in pads]), device)
+
+
 def inside_flags(head: Any, priors: Tensor, featmap_sizes: Sequence,
                  metas: Sequence[dict]) -> Optional[Tensor]:
     """The priors stock assigns in each image: ``(B, N)``, or None for all.
@@ -110,8 +129,7 @@ def inside_flags(head: Any, priors: Tensor, featmap_sizes: Sequence,
     if border < 0 and all(
             _all_valid(head, featmap_sizes, pad) for pad in set(pads)):
         return None
-    rows = {pad: _valid_flags(head, featmap_sizes, pad) for pad in set(pads)}
-    valid = to_device(np.stack([rows[pad] for pad in pads]), priors.device)
+    valid = valid_flags(head, featmap_sizes, metas, priors.device)
     if border < 0:
         return valid
     size = priors.new_tensor([m['img_shape'][:2] for m in metas])

@@ -105,6 +105,20 @@ COVERED: Tuple[Covered, ...] = (
         replaces=('get_targets', ),
         stock_targets=('get_targets', ))
       for head in ('FCOSHead', 'NASFCOSHead')),
+    *(Covered(
+        head=head,
+        assigner='ATSSAssigner',
+        package='atss',
+        unit='images',
+        replaces=('get_anchors', 'get_targets'),
+        stock_targets=('get_targets', )) for head in ('ATSSHead', 'GFLHead')),
+    Covered(
+        head='FCNMaskHead',
+        assigner='',
+        package='mask',
+        unit='images',
+        replaces=('get_targets', ),
+        stock_targets=('get_targets', )),
     Covered(
         head='StandardRoIHead',
         assigner='MaxIoUAssigner',
