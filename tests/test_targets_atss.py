@@ -16,16 +16,18 @@ import pytest
 import torch
 from mmdet.registry import MODELS
 from mmengine.hub import get_config
+from mmengine.logging import MessageHub
 from mmengine.structures import InstanceData
 from targets_utils import DEVICES, small_parity
 
 from fast_parallel.bench.opcount import OpCounter
-from fast_parallel.step.targets import atss
+from fast_parallel.step.targets import atss, tood
 from fast_parallel.step.targets.atss.threshold import calibrate, thresholds
 from fast_parallel.step.targets.switch import switch_targets
 
 ATSS = 'mmdet::atss/atss_r50_fpn_1x_coco.py'
 GFL = 'mmdet::gfl/gfl_r50_fpn_1x_coco.py'
+TOOD = 'mmdet::tood/tood_r50_fpn_1x_coco.py'
 CASES = 10
 
 pytestmark = pytest.mark.usefixtures('mmdet_scope')
@@ -299,6 +301,28 @@ def test_operations_do_not_grow_with_the_batch():
     assert counts[0] == counts[1], counts
 
 
+def test_tood_boundary_ties_go_the_stock_way():
+    """Equal predictions give equal alignment metrics: a tie at TaskAligned's
+    top-k boundary (stock's pick is topk's), computed stock's way, counted;
+    zero metrics tie without consequence (never positive)."""
+    head = build_head(TOOD, num_classes=4)
+    MessageHub.get_current_instance().update_info('epoch', head.initial_epoch)
+    sizes, metas, gts = random_batch(2, head, 'cpu', kinds=['normal'])
+    scores, boxes = _tood_inputs(head, sizes, metas)
+    scores[:] = 0.5
+    boxes[:] = gts[0].bboxes[0] if len(gts[0].bboxes) else boxes[0, 0]
+    anchors, valid = head.get_anchors(sizes, metas, device='cpu')
+    stock = type(head).get_targets(head, scores, boxes, anchors, valid, gts,
+                                   metas)
+    switched(head)
+    before = head.fast_target_stats.stock
+    anchors, valid = head.get_anchors(sizes, metas, device='cpu')
+    out = head.get_targets(scores, boxes, anchors, valid, gts, metas)
+    assert_same((*stock, 0), (*out, 0))
+    assert head.fast_target_stats.stock - before == sum(1 for g in gts
+                                                        if len(g.bboxes))
+
+
 def test_inputs_stock_rejects_raise_as_stock():
     """int32 labels (stock's index put raises) and an empty list of ignored
     instances (stock's ``multi_apply`` unpacks nothing)."""
@@ -324,13 +348,50 @@ def test_heads_and_options_not_covered_stay_stock():
                 model.train_cfg,
                 assigner=dict(type='ATSSAssigner', topk=9, alpha=0.8))))
     assert 'alpha' in atss.supported(ddod)
-    tood = get_config('mmdet::tood/tood_r50_fpn_1x_coco.py').model
-    head = MODELS.build(dict(tood.bbox_head, train_cfg=tood.train_cfg))
-    assert 'TOODHead' in atss.supported(head)
+    assert 'TOODHead' in atss.supported(build_head(TOOD))
     head = build_head(ATSS)
     head._get_targets_single = head._get_targets_single
     assert atss.supported(head) == \
         '_get_targets_single replaced on the instance'
+
+
+def _tood_inputs(head, sizes, metas, device='cpu'):
+    gen = torch.Generator().manual_seed(len(metas))
+    num = sum(s[0] * s[1] for s in sizes)
+    scores = torch.rand(len(metas), num, head.num_classes, generator=gen)
+    xy = torch.rand(len(metas), num, 2, generator=gen) * 200
+    boxes = torch.cat([xy, xy + torch.rand(len(metas), num, 2) * 80], -1)
+    return scores.to(device), boxes.to(device)
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_tood_targets_equal_stock_in_every_epoch(device):
+    """TOODHead's targets in its initial epochs (ATSSAssigner) and after
+    (TaskAlignedAssigner, on the predictions) are batched and stock's."""
+    head = build_head(TOOD, num_classes=4)
+    assert tood.supported(head) is None
+    hub = MessageHub.get_current_instance()
+    for epoch in (0, head.initial_epoch - 1, head.initial_epoch, 11):
+        hub.update_info('epoch', epoch)
+        batched_images = positives = 0
+        for seed in range(4):
+            sizes, metas, gts = random_batch(seed, head, device)
+            scores, boxes = _tood_inputs(head, sizes, metas, device)
+            anchors, valid = head.get_anchors(sizes, metas, device=device)
+            stock = type(head).get_targets(head, scores, boxes, anchors, valid,
+                                           gts, metas)
+            switched(head)
+            before = head.fast_target_stats.stock
+            anchors, valid = head.get_anchors(sizes, metas, device=device)
+            out = head.get_targets(scores, boxes, anchors, valid, gts, metas)
+            stock_way = head.fast_target_stats.stock - before
+            assert head.epoch == epoch
+            assert len(out) == len(stock) == 5
+            assert_same((*stock, 0), (*out, 0))
+            batched_images += len(gts) - stock_way
+            positives += sum(
+                int((lv < head.num_classes).sum()) for lv in out[1])
+        assert batched_images > 0 and positives > 0, epoch
 
 
 def test_atss_parity_through_the_runner(sample_data, tmp_path, capsys):

@@ -82,6 +82,8 @@ PRESETS: Dict[str, Preset] = {
     Preset('mmdet::atss/atss_r50_fpn_1x_coco.py', 'mmdet', _MMDET_640),
     'gfl_r50':
     Preset('mmdet::gfl/gfl_r50_fpn_1x_coco.py', 'mmdet', _MMDET_640),
+    'tood_r50':
+    Preset('mmdet::tood/tood_r50_fpn_1x_coco.py', 'mmdet', _MMDET_640),
     'cascade_rcnn_r50':
     Preset('mmdet::cascade_rcnn/cascade-rcnn_r50_fpn_1x_coco.py', 'mmdet',
            _MMDET_640),

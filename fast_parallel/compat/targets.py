@@ -44,6 +44,8 @@ UPSTREAM: Dict[str, Tuple[str, str, str]] = {
     'ATSSHead': (_DENSE, 'ATSSHead', 'mmdet'),
     'GFLHead': (_DENSE, 'GFLHead', 'mmdet'),
     'ATSSAssigner': (_ASSIGNERS, 'ATSSAssigner', 'mmdet'),
+    'TOODHead': (_DENSE, 'TOODHead', 'mmdet'),
+    'TaskAlignedAssigner': (_ASSIGNERS, 'TaskAlignedAssigner', 'mmdet'),
     # Mask R-CNN's mask targets
     'FCNMaskHead':
     ('mmdet.models.roi_heads.mask_heads', 'FCNMaskHead', 'mmdet'),
@@ -145,7 +147,10 @@ STANDS_FOR: Dict[str, Tuple[str, ...]] = {
                  'get_num_level_anchors_inside'),
     'GFLHead': ('get_anchors', 'get_targets', TARGETS_SINGLE,
                 'get_num_level_anchors_inside'),
+    'TOODHead': ('get_anchors', 'get_targets', TARGETS_SINGLE,
+                 'get_num_level_anchors_inside'),
     'ATSSAssigner': ('assign', ),
+    'TaskAlignedAssigner': ('assign', ),
     'FCNMaskHead': ('get_targets', ),
     'MaxIoUAssigner': ('assign', 'assign_wrt_overlaps'),
     'RandomSampler':

@@ -48,9 +48,26 @@ OPS: Dict[str, Tuple[Callable[[Tensor], Tensor], Callable]] = {
 }
 
 __all__ = [
-    'PathModelError', 'as_stock', 'calibrate', 'require_same_paths',
+    'PathModelError', 'as_stock', 'calibrate', 'power', 'require_same_paths',
     'scalar_ranges'
 ]
+
+
+def power(exponent: float) -> str:
+    """The :data:`OPS` name of ``x ** exponent`` on values in [0, 1] (TOOD's
+    ``TaskAlignedAssigner``: scores and IoUs), registered on first use.
+
+    Args:
+        exponent (float): The exponent, as stock's code passes it.
+
+    Returns:
+        str: The name for :func:`as_stock`.
+    """
+    name = f'pow{exponent!r}'
+    if name not in OPS:
+        OPS[name] = (lambda x: x**exponent,
+                     lambda g, n: torch.rand(n, generator=g))
+    return name
 
 
 class PathModelError(RuntimeError):

@@ -113,6 +113,13 @@ COVERED: Tuple[Covered, ...] = (
         replaces=('get_anchors', 'get_targets'),
         stock_targets=('get_targets', )) for head in ('ATSSHead', 'GFLHead')),
     Covered(
+        head='TOODHead',
+        assigner='ATSSAssigner',
+        package='tood',
+        unit='images',
+        replaces=('get_anchors', 'get_targets'),
+        stock_targets=('get_targets', )),
+    Covered(
         head='FCNMaskHead',
         assigner='',
         package='mask',

@@ -9,20 +9,22 @@ stock's bit for bit. A batch outside what that covers runs stock's
 ``_get_targets_single``; both counted. Reasoning: ``docs/targets_atss.md``.
 """
 from itertools import accumulate
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from fast_parallel.compat.targets import replaced_reason, upstream
+from fast_parallel.compat.targets import (replaced_reason, targets_single,
+                                          upstream)
 from fast_parallel.step.targets.atss.targets import atss_targets
 from fast_parallel.step.targets.max_iou.sampling import sampler_reason
-from fast_parallel.step.targets.padding import gt_layout_reason
+from fast_parallel.step.targets.padding import (gt_layout_reason,
+                                                images_to_levels)
 from fast_parallel.step.targets.priors import valid_flags
 from fast_parallel.step.targets.stock_way import batch_targets
 
 __all__ = [
-    'assigner_reason', 'batch_reason', 'get_anchors', 'get_targets',
+    'assigner_reason', 'batch_reason', 'batched', 'get_anchors', 'get_targets',
     'supported'
 ]
 
@@ -66,13 +68,18 @@ def supported(head: Any) -> Optional[str]:
         return f'{name} is not ATSSHead or GFLHead'
     if not getattr(head, 'train_cfg', None) or not hasattr(head, 'assigner'):
         return f'{name} has no train_cfg (no assigner)'
-    why = assigner_reason(head.assigner)
-    if why:
-        return why
+    return assigner_reason(head.assigner) or head_reason(head)
+
+
+def head_reason(head: Any) -> Optional[str]:
+    """Why the batched targets do not cover this head's options (sampler,
+    coder, ``train_cfg``, anchors, methods replaced on the instance), or
+    None. The caller checks its class and assigner."""
+    name = type(head).__name__
     if type(head.sampler) is not upstream('PseudoSampler'):
         return sampler_reason(head.sampler) or \
             f'sampler {type(head.sampler).__name__} is not PseudoSampler'
-    if type(head) is upstream('ATSSHead') and not head.reg_decoded_bbox \
+    if type(head) is not upstream('GFLHead') and not head.reg_decoded_bbox \
             and type(head.bbox_coder) is not upstream('DeltaXYWHBBoxCoder'):
         return f'bbox_coder {type(head.bbox_coder).__name__} is not ' \
             'DeltaXYWHBBoxCoder'
@@ -187,21 +194,50 @@ def get_targets(self: Any,
         tuple: ``(anchors_list, labels_list, label_weights_list,
         bbox_targets_list, bbox_weights_list, avg_factor)``, stock's.
     """
-    num_imgs = len(batch_img_metas)
-    ignores = [None] * num_imgs if batch_gt_instances_ignore is None \
-        else batch_gt_instances_ignore
+    return batched(self, anchor_list, valid_flag_list, batch_gt_instances,
+                   batch_img_metas, batch_gt_instances_ignore, unmap_outputs,
+                   targets_single(self),
+                   type(self).get_targets)
+
+
+def batched(self: Any,
+            anchor_list: List[List[Tensor]],
+            valid_flag_list: List[List[Tensor]],
+            gts: Sequence[Any],
+            metas: List[dict],
+            ignores: Optional[Sequence[Any]],
+            unmap_outputs: bool,
+            single: Callable,
+            stock: Callable,
+            finish: Optional[Callable] = None) -> tuple:
+    """The batched targets where :func:`batch_reason` allows, else
+    ``stock(self, anchor_list, valid_flag_list, gts, metas, ignores,
+    unmap_outputs)``; counted. ``single`` computes an image stock's way.
+
+    Returns:
+        tuple: ``finish(stacked, avg_factor, level_sizes)`` of the batched
+        result (by default: per level the anchors, labels, label weights,
+        box targets and box weights, then the ``avg_factor``), or stock's.
+    """
+    num_imgs = len(metas)
+    per_image = [None] * num_imgs if ignores is None else ignores
     with batch_targets(self, num_imgs) as way:
-        why = batch_reason(anchor_list, valid_flag_list, batch_gt_instances,
-                           batch_img_metas, ignores)
+        why = batch_reason(anchor_list, valid_flag_list, gts, metas, per_image)
         if why is None and unmap_outputs:
             levels = anchor_list[0]
             flags = [f for image in valid_flag_list for f in image]
-            return atss_targets(self, torch.cat(levels),
-                                torch.cat(flags).view(num_imgs, -1),
-                                [a.shape[0]
-                                 for a in levels], batch_gt_instances,
-                                batch_img_metas, ignores, way)
+            sizes = [a.shape[0] for a in levels]
+            stacked, avg_factor = atss_targets(
+                self, torch.cat(levels),
+                torch.cat(flags).view(num_imgs, -1), sizes, gts, metas,
+                per_image, single, way)
+            return (finish or _levels)(stacked, avg_factor, sizes)
         way.count(num_imgs)
-        return type(self).get_targets(self, anchor_list, valid_flag_list,
-                                      batch_gt_instances, batch_img_metas,
-                                      batch_gt_instances_ignore, unmap_outputs)
+        return stock(self, anchor_list, valid_flag_list, gts, metas, ignores,
+                     unmap_outputs)
+
+
+def _levels(stacked: List[Tensor], avg_factor: int, sizes: List[int]) -> tuple:
+    """``get_targets``' result: each stacked target per level, then the
+    ``avg_factor``."""
+    return (*(images_to_levels(t, sizes) for t in stacked), avg_factor)

@@ -1,24 +1,23 @@
 """ATSS / GFL targets of a whole batch: ``ATSSHead.get_targets``, batched.
 
-:func:`atss_targets` returns what stock's ``get_targets`` returns to
-``loss_by_feat`` (mmdet 3.3.0, ``ATSSHead`` / ``GFLHead`` with
-``ATSSAssigner`` and ``PseudoSampler``): the unmapped anchors, labels, label
-weights, box targets and box weights per level, each a ``(B, n_level, ...)``
-slice of one stacked tensor as ``images_to_levels`` gives it, and the
-``avg_factor``. Images :func:`~.assign.assign_batch` flags are computed by
-the head's own ``_get_targets_single`` and written over their rows.
+:func:`atss_targets` returns what stock's ``get_targets`` stacks from
+``_get_targets_single`` (mmdet 3.3.0, ``ATSSHead`` / ``GFLHead`` with
+``ATSSAssigner`` and ``PseudoSampler``; ``TOODHead`` in its initial epochs):
+the unmapped anchors, labels, label weights, box targets and box weights,
+``(B, N, ...)`` each, and the ``avg_factor``. Images
+:func:`~.assign.assign_batch` flags are computed by stock's
+``_get_targets_single`` and written over their rows.
 """
-from typing import Any, List, Sequence
+from typing import Any, Callable, List, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
-from fast_parallel.compat.targets import targets_single, upstream
+from fast_parallel.compat.targets import upstream
 from fast_parallel.step.targets.atss.assign import assign_batch
 from fast_parallel.step.targets.dynamic_k import host_values, nonzero
 from fast_parallel.step.targets.max_iou.targets import encode_deltas
-from fast_parallel.step.targets.padding import (images_to_levels, pad_gts,
-                                                to_device)
+from fast_parallel.step.targets.padding import pad_gts, to_device
 from fast_parallel.step.targets.stock_way import StockWay
 
 __all__ = ['atss_targets', 'inside_of']
@@ -57,23 +56,26 @@ def _pos_targets(head: Any, anchors: Tensor, pos_gt: Tensor,
 def atss_targets(head: Any, flat_anchors: Tensor, valid: Tensor,
                  level_sizes: List[int], gts: Sequence[Any],
                  metas: Sequence[dict], ignores: Sequence[Any],
-                 way: StockWay) -> tuple:
-    """Stock's ``get_targets(...)`` result for the whole batch.
+                 single: Callable, way: StockWay) -> Tuple[List[Tensor], int]:
+    """Stock's per-image targets of the whole batch, stacked.
 
     Args:
         head: A head :func:`~fast_parallel.step.targets.atss.supported`
-            accepts.
+            accepts (or TOOD's, in its initial epochs).
         flat_anchors (Tensor): ``(N, 4)`` anchors of every level.
         valid (Tensor): ``(B, N)`` bool valid flags.
         level_sizes (list[int]): Anchors per level.
         gts (Sequence[InstanceData]): Ground truths per image.
         metas (Sequence[dict]): Meta information per image.
         ignores (Sequence): Ignored instances per image (or None each).
+        single (callable): The stock ``_get_targets_single`` an image stock
+            must compute is computed by (unbound).
         way (StockWay): Counts the images computed stock's way.
 
     Returns:
-        tuple: ``(anchors_list, labels_list, label_weights_list,
-        bbox_targets_list, bbox_weights_list, avg_factor)``, stock's.
+        tuple: The ``(B, N, ...)`` anchors, labels, label weights, box
+        targets and box weights (what ``images_to_levels`` stacks), and the
+        ``avg_factor``.
     """
     num_imgs, num_anchors = valid.shape
     inside = inside_of(head, flat_anchors, valid, metas)
@@ -106,7 +108,6 @@ def atss_targets(head: Any, flat_anchors: Tensor, valid: Tensor,
     anchors = torch.where(inside[..., None], flat_anchors, 0.)
     factors = [max(p, 1) for p in num_pos]
 
-    single = targets_single(head)
     for i in (i for i, s in enumerate(stock) if s):
         (anchors[i], labels[i], label_weights[i], bbox_targets[i],
          bbox_weights[i], _, _, result) = single(
@@ -120,8 +121,5 @@ def atss_targets(head: Any, flat_anchors: Tensor, valid: Tensor,
              unmap_outputs=True)
         factors[i] = result.avg_factor
         way.count()
-    return (images_to_levels(anchors, level_sizes),
-            images_to_levels(labels, level_sizes),
-            images_to_levels(label_weights, level_sizes),
-            images_to_levels(bbox_targets, level_sizes),
-            images_to_levels(bbox_weights, level_sizes), sum(factors))
+    return [anchors, labels, label_weights, bbox_targets,
+            bbox_weights], sum(factors)

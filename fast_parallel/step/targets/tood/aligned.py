@@ -1,0 +1,157 @@
+"""TOOD's targets after its initial epochs: ``TaskAlignedAssigner``, batched.
+
+:func:`aligned_targets` computes, for the whole batch, what stock's
+``TOODHead.get_targets`` stacks from ``_get_targets_single`` per image
+(mmdet 3.3.0, ``TaskAlignedAssigner`` + ``BboxOverlaps2D``,
+``PseudoSampler``): the unmapped anchors, labels, label weights, box targets
+and normalised alignment metrics, ``(B, N, ...)`` each.
+
+Stock, per image, on the anchors inside it: the IoU of the predicted boxes
+with the ground truths, the alignment metric ``score ** alpha * iou **
+beta`` (``pow`` takes a vector and a scalar loop on the CPU whose last bits
+differ: :func:`~fast_parallel.step.targets.cpu_paths.as_stock` gives each
+pair stock's), the ``topk`` highest metrics per ground truth, the positive
+ones whose anchor centre is inside the box, the highest IoU per anchor, then
+each positive's metric normalised by its ground truth's highest metric and
+IoU. Only a tie at the ``topk`` boundary between positive metrics leaves
+stock's pick to the implementation: that image, and an image with a NaN
+metric, is computed by stock's ``_get_targets_single``, counted.
+"""
+from typing import Any, Callable, List, Sequence
+
+import torch
+from torch import Tensor
+
+from fast_parallel.step.targets import cpu_paths
+from fast_parallel.step.targets.atss.assign import ATSS_INF
+from fast_parallel.step.targets.atss.targets import inside_of
+from fast_parallel.step.targets.dynamic_k import host_values, nonzero, pairs_of
+from fast_parallel.step.targets.padding import pad_gts
+from fast_parallel.step.targets.stock_way import StockWay
+
+__all__ = ['aligned_targets']
+
+
+def _metrics(head: Any, scores: Tensor, overlaps: Tensor, inside: Tensor,
+             gt_mask: Tensor, counts: Sequence[int]) -> tuple:
+    """``(B, N, G)`` alignment metrics (-1 off stock's matrices) and the
+    ``(B,)`` images with a NaN metric."""
+    pairs = pairs_of(inside, gt_mask, counts)
+    num_pairs = pairs.sizes
+    score = scores.reshape(-1)[pairs.flat]
+    iou = overlaps.reshape(-1)[pairs.flat]
+    metric = cpu_paths.as_stock(cpu_paths.power(head.alpha), score,
+                                num_pairs) * cpu_paths.as_stock(
+                                    cpu_paths.power(head.beta), iou, num_pairs)
+    metrics = overlaps.new_full((overlaps.numel(), ), -1.)
+    metrics[pairs.flat] = metric
+    nan = torch.zeros(len(counts), dtype=torch.long, device=inside.device)
+    nan.index_add_(0, pairs.imgs, torch.isnan(metric).long())
+    return metrics.view(overlaps.shape), nan > 0
+
+
+def aligned_targets(head: Any, cls_scores: Tensor, bbox_preds: Tensor,
+                    flat_anchors: Tensor, valid: Tensor, gts: Sequence[Any],
+                    metas: Sequence[dict], ignores: Sequence[Any],
+                    single: Callable, way: StockWay) -> List[Tensor]:
+    """Stock's per-image aligned targets of the whole batch, stacked.
+
+    Args:
+        head: The ``TOODHead`` (``alignment_assigner``, ``alpha``,
+            ``beta``).
+        cls_scores (Tensor): ``(B, N, C)`` scores.
+        bbox_preds (Tensor): ``(B, N, 4)`` predicted boxes.
+        flat_anchors (Tensor): ``(N, 4)`` anchors of every level.
+        valid (Tensor): ``(B, N)`` bool valid flags.
+        gts (Sequence[InstanceData]): Ground truths per image.
+        metas (Sequence[dict]): Meta information per image.
+        ignores (Sequence): Ignored instances per image (or None each).
+        single (callable): Stock's ``TOODHead._get_targets_single``.
+        way (StockWay): Counts the images computed stock's way.
+
+    Returns:
+        list[Tensor]: The ``(B, N, ...)`` anchors, labels, label weights,
+        box targets and normalised alignment metrics.
+    """
+    num_imgs, num_anchors = valid.shape
+    inside = inside_of(head, flat_anchors, valid, metas)
+    gt, gt_labels, gt_mask, counts = pad_gts([g.bboxes for g in gts],
+                                             [g.labels for g in gts],
+                                             flat_anchors.device, 1)
+    width = gt.shape[1]
+    overlaps = head.alignment_assigner.iou_calculator(bbox_preds.detach(),
+                                                      gt).detach()
+    scores = cls_scores.detach().gather(
+        2,
+        gt_labels.clamp(min=0)[:, None, :].expand(-1, num_anchors, -1))
+    metrics, unsure = _metrics(head, scores, overlaps, inside, gt_mask, counts)
+
+    topk = head.alignment_assigner.topk
+    top, cand = metrics.topk(min(topk + 1, num_anchors), dim=1)
+    if num_anchors > topk:  # a positive tie at the boundary
+        last, first_out = top[:, topk - 1], top[:, topk]
+        unsure |= ((last == first_out) & (last > 0) & gt_mask).any(1)
+    cand, cand_metrics = cand[:, :topk], top[:, :topk]
+    cx = (flat_anchors[:, 0] + flat_anchors[:, 2]) / 2.0
+    cy = (flat_anchors[:, 1] + flat_anchors[:, 3]) / 2.0
+    cand_cx, cand_cy = cx[cand], cy[cand]
+    nearest_side = torch.minimum(
+        torch.minimum(cand_cx - gt[:, None, :, 0],
+                      cand_cy - gt[:, None, :, 1]),
+        torch.minimum(gt[:, None, :, 2] - cand_cx,
+                      gt[:, None, :, 3] - cand_cy))
+    is_pos = (cand_metrics > 0) & (nearest_side > 0.01) & gt_mask[:, None]
+    overlaps_inf = overlaps.new_full((num_imgs, num_anchors, width), -ATSS_INF)
+    overlaps_inf.scatter_(
+        1, cand, torch.where(is_pos, overlaps.gather(1, cand), -ATSS_INF))
+    max_overlaps, argmax = overlaps_inf.max(dim=2)
+    pos = (max_overlaps != -ATSS_INF) & inside
+    neg = ~pos & inside
+    read = host_values(pos.sum(1), unsure)
+    num_pos, stock = read[:num_imgs], read[num_imgs:]
+
+    labels = torch.where(pos,
+                         gt_labels.gather(1, argmax).long(), head.num_classes)
+    pos_weight = head.train_cfg['pos_weight']
+    label_weights = torch.where(pos, 1.0 if pos_weight <= 0 else pos_weight,
+                                neg.float())
+    flat = nonzero(pos, sum(num_pos))
+    slot = (flat // num_anchors) * width + argmax.reshape(-1)[flat]
+    bbox_targets = flat_anchors.new_zeros(
+        (num_imgs * num_anchors, 4)).index_copy_(0, flat,
+                                                 gt.reshape(-1, 4)[slot])
+    # each positive's metric over its ground truth's highest, times its
+    # highest IoU (max: exact in any order)
+    pos_metric = metrics.reshape(-1, width).gather(1, argmax.reshape(
+        -1, 1)).reshape(-1)[flat]
+    pos_iou = max_overlaps.reshape(-1)[flat]
+    top_metric = pos_metric.new_full(
+        (num_imgs * width, ),
+        -float('inf')).scatter_reduce(0, slot, pos_metric, 'amax')
+    top_iou = pos_iou.new_full(
+        (num_imgs * width, ),
+        -float('inf')).scatter_reduce(0, slot, pos_iou, 'amax')
+    norm = pos_metric / (top_metric[slot] + 10e-8) * top_iou[slot]
+    norm_metrics = flat_anchors.new_zeros(
+        (num_imgs * num_anchors, )).index_copy_(0, flat, norm)
+    anchors = torch.where(inside[..., None], flat_anchors, 0.)
+    stacked = [
+        anchors, labels, label_weights,
+        bbox_targets.view(num_imgs, num_anchors, 4),
+        norm_metrics.view(num_imgs, num_anchors)
+    ]
+    for i in (i for i, s in enumerate(stock) if s):
+        rows = single(
+            head,
+            cls_scores[i],
+            bbox_preds[i],
+            flat_anchors,
+            valid[i],
+            gts[i],
+            metas[i],
+            ignores[i],
+            unmap_outputs=True)
+        for target, row in zip(stacked, rows):
+            target[i] = row
+        way.count()
+    return stacked
