@@ -17,13 +17,13 @@ DEVICES = [
 ]
 
 
-def small_parity(
-        base: str,
-        transforms: Sequence[str],
-        sample_data: Path,
-        tmp_path: Path,
-        capsys,
-        load: str = "dict(type='LoadAnnotations', with_bbox=True)") -> str:
+def small_parity(base: str,
+                 transforms: Sequence[str],
+                 sample_data: Path,
+                 tmp_path: Path,
+                 capsys,
+                 load: str = "dict(type='LoadAnnotations', with_bbox=True)",
+                 model: str = '') -> str:
     """``tools/parity.py`` on the upstream config ``base`` (no pretrained
     weights), trained on the sample COCO images with the pipeline
     ``LoadImageFromFile``, ``LoadAnnotations``, ``transforms``,
@@ -39,6 +39,8 @@ def small_parity(
         capsys: The test's ``capsys``.
         load (str): The annotations' loading step (masks too: add
             ``with_mask=True``).
+        model (str): More keys of the config's ``model``, as config text
+            (``", train_cfg=dict(initial_epoch=0)"``).
 
     Returns:
         str: The text of every ``*.log`` the runs wrote.
@@ -53,7 +55,7 @@ def small_parity(
         "dict(type='PackDetInputs')"
     ]
     config.write_text(f"_base_ = '{base}'\n"
-                      'model = dict(backbone=dict(init_cfg=None))\n'
+                      f'model = dict(backbone=dict(init_cfg=None){model})\n'
                       'train_dataloader = dict(batch_size=2, num_workers=0, '
                       'persistent_workers=False, dataset=dict(pipeline=[\n' +
                       ''.join(f'    {step},\n' for step in steps) + ']))\n')
