@@ -21,13 +21,14 @@ from mmengine.structures import InstanceData
 from targets_utils import DEVICES, small_parity
 from test_targets_max_iou import _roi_case, assert_same_sampling
 
-from fast_parallel.step.targets import cascade
+from fast_parallel.step.targets import cascade, htc
 from fast_parallel.step.targets.roi.targets import sample_rois
 from fast_parallel.step.targets.switch import switch_targets
 
 register_all_modules()
 CASCADE = 'mmdet::cascade_rcnn/cascade-rcnn_r50_fpn_1x_coco.py'
 CASCADE_MASK = 'mmdet::cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py'
+HTC = 'mmdet::htc/htc-without-semantic_r50_fpn_1x_coco.py'
 
 pytestmark = pytest.mark.usefixtures('mmdet_scope')
 
@@ -38,7 +39,9 @@ def build_roi_head(config: str, num_classes: int = 80):
     for bbox_head in head.bbox_head:
         bbox_head.num_classes = num_classes
     if 'mask_head' in head:
-        head.mask_head.num_classes = num_classes
+        masks = head.mask_head
+        for mask_head in masks if isinstance(masks, list) else [masks]:
+            mask_head.num_classes = num_classes
     return MODELS.build(
         dict(
             head, train_cfg=model.train_cfg.rcnn,
@@ -60,6 +63,7 @@ def _stock_stage(head, stage, props, gts):
 def test_the_upstream_heads_are_covered():
     assert cascade.supported(HEAD) is None
     assert cascade.supported(build_roi_head(CASCADE_MASK)) is None
+    assert htc.supported(build_roi_head(HTC)) is None
     assert [a.pos_iou_thr for a in HEAD.bbox_assigner] == [0.5, 0.6, 0.7]
 
 
@@ -118,15 +122,23 @@ def _loss(head, method, x, proposals, samples, seed):
     return losses, torch.get_rng_state()
 
 
-@pytest.mark.parametrize('config', [CASCADE, CASCADE_MASK])
+@pytest.mark.parametrize('config', [CASCADE, CASCADE_MASK, HTC])
 def test_the_whole_loss_equals_stock(config):
+    """The switched head's loss (every stage's assign + sample batched, and
+    the mask targets) against an untouched copy's."""
     head = build_roi_head(config)
-    stock_loss = type(head).loss
+    stock_head = copy.deepcopy(head)
     switch_targets(torch.nn.Sequential(head))
     assert 'loss' in vars(head)
+    with_mask = 'mask' in config or 'htc' in config
+    if with_mask:
+        masks = head.mask_head
+        assert all('get_targets' in vars(m) for m in masks)
     for seed in range(3):
-        x, proposals, samples = _batch(seed, 3, 'mask' in config)
-        stock, stock_rng = _loss(head, stock_loss, x, proposals, samples, seed)
+        x, proposals, samples = _batch(seed, 3, with_mask)
+        stock, stock_rng = _loss(stock_head,
+                                 type(stock_head).loss, x, proposals, samples,
+                                 seed)
         before = head.fast_target_stats.stock
         fast, fast_rng = _loss(head, lambda h, *a: h.loss(*a), x, proposals,
                                samples, seed)

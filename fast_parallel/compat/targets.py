@@ -49,6 +49,8 @@ UPSTREAM: Dict[str, Tuple[str, str, str]] = {
     # Mask R-CNN's mask targets
     'FCNMaskHead':
     ('mmdet.models.roi_heads.mask_heads', 'FCNMaskHead', 'mmdet'),
+    'HTCMaskHead':
+    ('mmdet.models.roi_heads.mask_heads', 'HTCMaskHead', 'mmdet'),
     'BitmapMasks': ('mmdet.structures.mask', 'BitmapMasks', 'mmdet'),
     'roi_align': ('mmcv.ops', 'roi_align', 'mmcv'),
     # the MaxIoUAssigner family
@@ -56,6 +58,8 @@ UPSTREAM: Dict[str, Tuple[str, str, str]] = {
     'RPNHead': (_DENSE, 'RPNHead', 'mmdet'),
     'StandardRoIHead': ('mmdet.models.roi_heads', 'StandardRoIHead', 'mmdet'),
     'CascadeRoIHead': ('mmdet.models.roi_heads', 'CascadeRoIHead', 'mmdet'),
+    'HybridTaskCascadeRoIHead': ('mmdet.models.roi_heads',
+                                 'HybridTaskCascadeRoIHead', 'mmdet'),
     'MaxIoUAssigner': (_ASSIGNERS, 'MaxIoUAssigner', 'mmdet'),
     'AssignResult': (_ASSIGNERS, 'AssignResult', 'mmdet'),
     'RandomSampler': (_TASKS, 'RandomSampler', 'mmdet'),
@@ -67,8 +71,8 @@ UPSTREAM: Dict[str, Tuple[str, str, str]] = {
     'PseudoSampler': (_TASKS, 'PseudoSampler', 'mmdet'),
     'reduce_mean': ('mmdet.utils', 'reduce_mean', 'mmdet'),
     'multi_apply': ('mmdet.models.utils', 'multi_apply', 'mmdet'),
-    'unpack_gt_instances':
-    ('mmdet.models.utils', 'unpack_gt_instances', 'mmdet'),
+    'unpack_gt_instances': ('mmdet.models.utils', 'unpack_gt_instances',
+                            'mmdet'),
     # mmdet3d's anchor head
     'Anchor3DHead': ('mmdet3d.models.dense_heads', 'Anchor3DHead', 'mmdet3d'),
     'Max3DIoUAssigner': ('mmdet3d.models.task_modules', 'Max3DIoUAssigner',

@@ -119,13 +119,14 @@ COVERED: Tuple[Covered, ...] = (
         unit='images',
         replaces=('get_anchors', 'get_targets'),
         stock_targets=('get_targets', )),
-    Covered(
-        head='FCNMaskHead',
+    *(Covered(
+        head=head,
         assigner='',
         package='mask',
         unit='images',
         replaces=('get_targets', ),
-        stock_targets=('get_targets', )),
+        stock_targets=('get_targets', ))
+      for head in ('FCNMaskHead', 'HTCMaskHead')),
     Covered(
         head='StandardRoIHead',
         assigner='MaxIoUAssigner',
@@ -137,6 +138,14 @@ COVERED: Tuple[Covered, ...] = (
         head='CascadeRoIHead',
         assigner='MaxIoUAssigner',
         package='cascade',
+        unit='images',
+        replaces=('loss', ),
+        # a list per stage: each stage's is counted
+        stock_targets=('bbox_assigner.assign', 'bbox_sampler.sample')),
+    Covered(
+        head='HybridTaskCascadeRoIHead',
+        assigner='MaxIoUAssigner',
+        package='htc',
         unit='images',
         replaces=('loss', ),
         # a list per stage: each stage's is counted

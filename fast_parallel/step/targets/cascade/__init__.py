@@ -19,7 +19,7 @@ from torch import Tensor
 from fast_parallel.compat.targets import upstream
 from fast_parallel.step.targets.roi.targets import roi_samples, sampling_reason
 
-__all__ = ['loss', 'supported']
+__all__ = ['loss', 'stages_reason', 'supported']
 
 
 def supported(head: Any) -> Optional[str]:
@@ -34,6 +34,13 @@ def supported(head: Any) -> Optional[str]:
     name = type(head).__name__
     if type(head) is not upstream('CascadeRoIHead'):
         return f'{name} is not CascadeRoIHead'
+    return stages_reason(head)
+
+
+def stages_reason(head: Any) -> Optional[str]:
+    """None when every stage's assigner and sampler are batched exactly,
+    else why not."""
+    name = type(head).__name__
     assigners = getattr(head, 'bbox_assigner', None)
     samplers = getattr(head, 'bbox_sampler', None)
     if not isinstance(assigners, list) or not isinstance(samplers, list) or \

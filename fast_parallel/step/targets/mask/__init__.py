@@ -1,7 +1,8 @@
 """``FCNMaskHead.get_targets`` for the whole batch, on one instance.
 
 :func:`~fast_parallel.step.targets.switch.install` puts :func:`get_targets`
-on one ``FCNMaskHead`` instance (Mask R-CNN, Cascade Mask R-CNN) in place of
+on one ``FCNMaskHead`` / ``HTCMaskHead`` instance (Mask R-CNN, Cascade Mask
+R-CNN, HTC; ``HTCMaskHead`` changes only ``forward``) in place of
 the class's; it returns :func:`mask_targets`, stock's ``mask_target`` result
 bit for bit. A batch it does not cover (polygon masks, masks of different
 sizes...) runs stock's ``get_targets``, counted. Reasoning:
@@ -30,8 +31,11 @@ def supported(head: Any) -> Optional[str]:
         Optional[str]: None, or a short reason (for the log).
     """
     name = type(head).__name__
-    if type(head) is not upstream('FCNMaskHead'):
-        return f'{name} is not FCNMaskHead'
+    fcn = upstream('FCNMaskHead')
+    if type(head) not in (fcn, upstream('HTCMaskHead')):
+        return f'{name} is not FCNMaskHead or HTCMaskHead'
+    if type(head).get_targets is not fcn.get_targets:
+        return f'{name} has its own get_targets'
     return replaced_reason((head, 'FCNMaskHead'))
 
 

@@ -39,7 +39,8 @@ def roi_samples(head: Any,
                 results_list: Sequence[Any],
                 batch_gt_instances: Sequence[Any],
                 batch_gt_instances_ignore: Sequence[Any],
-                stage: Optional[int] = None) -> List[Any]:
+                stage: Optional[int] = None,
+                if_present: bool = False) -> List[Any]:
     """What stock's RoI ``loss`` gets from its assign + sample loop: each
     image's ``bboxes`` renamed ``priors`` (as stock renames them), then the
     sampling results of :func:`sample_rois`, or, for a batch
@@ -53,6 +54,8 @@ def roi_samples(head: Any,
         batch_gt_instances_ignore (Sequence): Ignored boxes per image.
         stage (int, optional): The cascade stage; None: the head's only
             assigner and sampler.
+        if_present (bool): Rename ``bboxes`` only where an image has them
+            (HTC's first loop); else every image must. Defaults to False.
 
     Returns:
         list[SamplingResult]: Stock's, image by image.
@@ -63,7 +66,8 @@ def roi_samples(head: Any,
     num_imgs = len(results_list)
     for results in results_list:
         # rename rpn_results.bboxes to rpn_results.priors
-        results.priors = results.pop('bboxes')
+        if not if_present or 'bboxes' in results:
+            results.priors = results.pop('bboxes')
     proposals = [results.priors for results in results_list]
     with batch_targets(head, num_imgs) as stock_way:
         if batch_reason(assigner, proposals, batch_gt_instances) is None:
@@ -145,7 +149,8 @@ def _ragged_index(gt_counts: Sequence[int], roi_counts: Sequence[int],
 def sample_rois(head: Any,
                 proposals: Sequence[Tensor],
                 gts: Sequence[Any],
-                stage: Optional[int] = None) -> List[Any]:
+                stage: Optional[int] = None,
+                if_present: bool = False) -> List[Any]:
     """Each image's ``bbox_sampler.sample(bbox_assigner.assign(...))``.
 
     Args:
