@@ -16,7 +16,15 @@ $(STAMP): $(SETUP_INPUTS)
 demo: $(STAMP)
 	$(PY) tools/demo.py
 
-test: $(STAMP)
+# Debian's Slurm and munge for tests/test_clusters.py where this machine
+# allows (root, apt-get); a second run skips this step.
+SLURM_STAMP := $(VENV)/.slurm-checked
+
+$(SLURM_STAMP): | $(STAMP)
+	bash scripts/install_slurm.sh
+	@touch $@
+
+test: $(STAMP) $(SLURM_STAMP)
 	$(PY) -m pytest -q tests
 
 clean-env:

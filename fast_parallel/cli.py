@@ -2,6 +2,7 @@
 import argparse
 import os
 import os.path as osp
+import subprocess
 from typing import List, Optional
 
 import torch
@@ -16,10 +17,11 @@ from fast_parallel.config import disable, enable, is_enabled
 def init_cpu_distributed(cfg: Config) -> None:
     """Starts gloo for a launcher run on a machine without CUDA.
 
-    mmengine's ``init_dist`` for the ``pytorch`` launcher always calls
-    ``torch.cuda.set_device``, which a CPU build of torch does not have.
-    With no CUDA, this joins the process group itself (gloo, from the
-    ``torchrun`` environment) before the Runner is built; the Runner then
+    mmengine's ``init_dist`` for the ``pytorch`` and ``slurm`` launchers
+    always calls ``torch.cuda.set_device``, which a CPU build of torch does
+    not have. With no CUDA, this joins the process group itself (gloo, from
+    the ``torchrun`` environment, or from Slurm's as mmengine reads it:
+    :func:`slurm_environment`) before the Runner is built; the Runner then
     sees an initialised group and skips its own ``init_dist``.
 
     The Runner also gives every ``DistributedDataParallel`` it builds
@@ -33,13 +35,42 @@ def init_cpu_distributed(cfg: Config) -> None:
             ``'gloo'`` and its ``model_wrapper_cfg`` completed when this
             starts the group.
     """
-    if cfg.get('launcher', 'none') == 'none' or torch.cuda.is_available():
+    launcher = cfg.get('launcher', 'none')
+    if launcher == 'none' or torch.cuda.is_available():
         return
     if not dist.is_initialized():
+        if launcher == 'slurm':
+            slurm_environment(
+                cfg.get('env_cfg', {}).get('dist_cfg', {}).get('port', None))
         dist.init_process_group(backend='gloo')
     cfg.setdefault('env_cfg', {}).setdefault('dist_cfg', {})['backend'] = \
         'gloo'
     cfg.model_wrapper_cfg = cpu_model_wrapper_cfg(cfg)
+
+
+def slurm_environment(port: Optional[int] = None) -> None:
+    """The ``torch.distributed`` environment of a Slurm task, as mmengine's
+    ``_init_dist_slurm`` sets it (mmengine 0.10.7), without its
+    ``torch.cuda.set_device``: ``RANK`` (``SLURM_PROCID``), ``WORLD_SIZE``
+    (``SLURM_NTASKS``), ``LOCAL_RANK`` (``SLURM_LOCALID``), ``MASTER_ADDR``
+    (the first host of ``SLURM_NODELIST``, from ``scontrol``, unless set)
+    and ``MASTER_PORT`` (``port``, else the environment's, else 29500).
+
+    Args:
+        port (int, optional): ``env_cfg.dist_cfg.port``. Defaults to None.
+    """
+    proc_id = int(os.environ['SLURM_PROCID'])
+    if port is not None:
+        os.environ['MASTER_PORT'] = str(port)
+    else:
+        os.environ.setdefault('MASTER_PORT', '29500')
+    if 'MASTER_ADDR' not in os.environ:
+        nodes = os.environ['SLURM_NODELIST']
+        os.environ['MASTER_ADDR'] = subprocess.getoutput(
+            f'scontrol show hostname {nodes} | head -n1')
+    os.environ['WORLD_SIZE'] = os.environ['SLURM_NTASKS']
+    os.environ['LOCAL_RANK'] = os.environ.get('SLURM_LOCALID', '0')
+    os.environ['RANK'] = str(proc_id)
 
 
 def cpu_model_wrapper_cfg(cfg: Config) -> Optional[dict]:

@@ -88,7 +88,8 @@ def fault_env(**variables: str) -> Dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ('FP_KILL_AT_ITER', 'FP_RAISE_AT_ITER', 'FP_RAISE_RANK')
+        if k not in ('FP_KILL_AT_ITER', 'FP_KILL_RANK', 'FP_KILL_STAMP',
+                     'FP_RAISE_AT_ITER', 'FP_RAISE_RANK', 'FP_RECORD_DIR')
     }
     env.update(variables, PYTHONPATH=TESTS)
     return env

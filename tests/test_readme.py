@@ -118,6 +118,8 @@ def _upstream_config(name: str) -> Path:
 def check(command: str) -> None:
     """Asserts the command's files exist and its tool parses its flags."""
     argv = shlex.split(command)
+    while re.fullmatch(r'[A-Z_][A-Z0-9_]*=\S*', argv[0]):
+        argv = argv[1:]  # the shell's variable assignments before a command
     if argv[0] in ('source', 'pip'):
         return
     if argv[0] == 'make':

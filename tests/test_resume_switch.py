@@ -105,3 +105,20 @@ def test_decide_start_is_honest_where_it_cannot_tell():
     fresh, message, exact = decide_start(True, dict(states={}, restarts=[]),
                                          set(), 3)
     assert fresh and exact
+
+
+def test_a_switch_before_the_first_start_resumes_from_the_states():
+    """A switch-once hook that switched before the workers first started
+    (YOLOX with ``num_last_epochs`` >= ``max_epochs - 1``) restarted
+    nothing; resumed later it switches again and drops the iterator: the
+    workers must go on from the checkpoint's states, not afresh (found by
+    tests/test_clusters.py: before, a fresh start changed the numbers)."""
+    saved = dict(states={0: {}}, restarts=[], switched=['YOLOXModeSwitchHook'])
+    fresh, message, exact = decide_start(True, saved, {'YOLOXModeSwitchHook'},
+                                         1)
+    assert not fresh and exact
+    assert 'before its workers first started' in message
+    # a checkpoint without the record (older fast_parallel) starts afresh
+    fresh, _, _ = decide_start(True, dict(saved, switched=[]),
+                               {'YOLOXModeSwitchHook'}, 1)
+    assert fresh

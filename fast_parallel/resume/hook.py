@@ -22,6 +22,8 @@ from fast_parallel.data.loader import prepare_like
 from fast_parallel.data.loader_state import carry_worker_states
 from fast_parallel.data.rebuild import rebuild_started, started_iterators
 from fast_parallel.random_states import random_states, set_random_states
+from fast_parallel.resume.ranks import (buffers_of, gather_if_saving,
+                                        own_entry, set_buffers)
 from fast_parallel.resume.workers import (WorkerRecord, arm_first_start,
                                           needs_worker_states,
                                           stateful_transforms)
@@ -110,6 +112,9 @@ class ExactResumeHook(Hook):
         # first resumed workers have started (a hook may switch pipelines).
         self._check_caches = False
         self._fresh_workers = False
+        # Distributed runs: every rank's states, for the next checkpoint.
+        self._ranks: Optional[list] = None
+        self._buffers: Optional[dict] = None
 
     def before_run(self, runner) -> None:
         """Remembers the seed the Runner built the DataLoaders with; asks for
@@ -121,18 +126,48 @@ class ExactResumeHook(Hook):
             # Batches carry them where FastParallelHook packs them.
             carry_worker_states(loop.dataloader)
 
+    def _own_states(self, runner) -> dict:
+        """This process's random states, and its train DataLoader workers'
+        where the batches carried them."""
+        own = dict(random=random_states())
+        loader = getattr(runner_loop(runner, 'train'), 'dataloader', None)
+        if self._record.states and isinstance(loader, DataLoader):
+            own['workers'] = self._record.entry(loader)
+        return own
+
+    def after_train_iter(self,
+                         runner,
+                         batch_idx: int,
+                         data_batch=None,
+                         outputs=None) -> None:
+        """Distributed runs: every rank's states before a checkpoint of an
+        iteration loop (:mod:`~fast_parallel.resume.ranks`)."""
+        self._ranks = gather_if_saving(runner, False,
+                                       partial(self._rank_states, runner))
+
+    def after_train_epoch(self, runner) -> None:
+        """Distributed runs: every rank's states before a checkpoint of an
+        epoch loop."""
+        self._ranks = gather_if_saving(runner, True,
+                                       partial(self._rank_states, runner))
+
+    def _rank_states(self, runner) -> dict:
+        return dict(self._own_states(runner), buffers=buffers_of(runner))
+
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         """Writes random and module states into ``checkpoint['meta']``, and
-        the train DataLoader workers' where the batches carried them."""
+        the train DataLoader workers' where the batches carried them; in a
+        distributed run, every rank's (gathered just before)."""
         saved = dict(
-            random=random_states(),
+            self._own_states(runner),
             modules={
                 _strip(k): v
                 for k, v in module_states(runner.model).items()
             })
-        loader = getattr(runner_loop(runner, 'train'), 'dataloader', None)
-        if self._record.states and isinstance(loader, DataLoader):
-            saved['workers'] = self._record.entry(loader)
+        if self._ranks is not None:
+            saved['ranks'] = [dict(r) for r in self._ranks]
+            saved['ranks'][runner.rank].update(self._own_states(runner))
+            self._ranks = None
         checkpoint.setdefault('meta', {})[META_KEY] = saved
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
@@ -148,6 +183,15 @@ class ExactResumeHook(Hook):
                     'which this model does not have')
             for attr, value in attrs.items():
                 setattr(modules[name], attr, value)
+        own = own_entry(saved, runner.rank, runner.world_size)
+        if own is not None:  # this rank's own states (distributed run)
+            saved = dict(
+                {
+                    k: v
+                    for k, v in saved.items() if k not in ('random', 'workers')
+                }, **own)
+            # its buffers go back once the weights are loaded (before_train)
+            self._buffers = own.get('buffers')
         self._pending = saved
         self._check_caches = isinstance(runner.train_loop, EpochBasedTrainLoop)
         self._worker_restore, reasons = _resume_plan(runner.train_loop,
@@ -160,6 +204,9 @@ class ExactResumeHook(Hook):
     def before_train(self, runner) -> None:
         """After a resume: the train DataLoader with the checkpoint's seed,
         its persistent workers to start as the interrupted run's were."""
+        if self._buffers is not None:
+            set_buffers(runner, self._buffers)
+            self._buffers = None
         self._reseed_train_loader(runner)
         saved, self._worker_restore = self._worker_restore, None
         if saved is None:
@@ -296,13 +343,15 @@ def _resume_plan(loop, checkpoint: dict, saved: dict, rank: int,
         reasons, empty for an exact resume.
     """
     reasons = []
-    if world_size > 1:
+    if world_size > 1 and own_entry(saved, rank, world_size) is None:
         reasons.append(
-            'in a distributed run only rank 0 writes the checkpoint '
-            '(mmengine\'s Runner.save_checkpoint is master_only), so it '
-            'holds rank 0\'s random states: the other ranks go on with '
-            'rank 0\'s main-process states, and in an epoch-based loop '
-            'their persistent DataLoader workers from their seed')
+            f'the checkpoint holds no random states per rank for '
+            f'{world_size} ranks (written by another number of processes, '
+            'without a CheckpointHook schedule the hook could see, or by '
+            'an older fast_parallel): only rank 0 writes it (mmengine\'s '
+            'Runner.save_checkpoint is master_only), so the other ranks go '
+            'on with rank 0\'s main-process states, and in an epoch-based '
+            'loop their persistent DataLoader workers from their seed')
     if not isinstance(loop, EpochBasedTrainLoop):
         return None, reasons
     loader = loop.dataloader
@@ -330,7 +379,9 @@ def _resume_plan(loop, checkpoint: dict, saved: dict, rank: int,
             'workers from their seed, where the uninterrupted run\'s '
             f'workers went on with their random states: {why}')
         return None, reasons
-    return (workers if rank == 0 else None), reasons
+    distributed_exact = world_size == 1 or own_entry(saved, rank,
+                                                     world_size) is not None
+    return (workers if rank == 0 or distributed_exact else None), reasons
 
 
 def _validated_after(

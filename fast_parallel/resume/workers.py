@@ -108,7 +108,11 @@ class WorkerRecord:
             states=dict(self.states),
             num_workers=loader.num_workers,
             base_seed=iterator_base_seed(it),
-            restarts=[dict(r) for r in self.restarts])
+            restarts=[dict(r) for r in self.restarts],
+            # switch-once hooks that had switched when these workers
+            # started (one that switched before the first start restarted
+            # nothing, so no restart names it)
+            switched=sorted(self._switched))
 
 
 class _Unstarted:
@@ -174,13 +178,15 @@ def decide_start(restarted: bool, saved: dict, switched_now: Set[str],
                        'its workers (written by an older fast_parallel): '
                        'they start from its states'), False
     recorded = {h for r in restarts for h in r['hooks']}
+    recorded |= set(saved.get('switched', ()))
     new = switched_now - recorded
     if new:
         return True, (f'{", ".join(sorted(new))} restarted the train '
                       f'DataLoader workers at epoch {epoch}, as in the '
                       'interrupted run: they start afresh'), True
     if switched_now and all(r['hooks'] for r in restarts):
-        when = ', '.join(str(r['epoch']) for r in restarts)
+        when = ', '.join(str(r['epoch']) for r in restarts) or \
+            '0, before its workers first started,'
         return False, (f'{", ".join(sorted(switched_now))} switched again '
                        '(its state is not in checkpoints); the interrupted '
                        f'run switched at epoch {when} and kept its workers '

@@ -25,7 +25,7 @@ from torch import Tensor
 from fast_parallel.step.targets.atss.threshold import thresholds
 from fast_parallel.step.targets.padding import to_device
 
-__all__ = ['ATSS_INF', 'Assigned', 'assign_batch']
+__all__ = ['ATSS_INF', 'Assigned', 'assign_batch', 'best_gt', 'centre_inside']
 
 #: ``ATSSAssigner.assign``'s local ``INF`` (mmdet 3.3.0; not importable).
 ATSS_INF = 100000000
@@ -47,6 +47,42 @@ def same_level(taken: Sequence[int], device: torch.device) -> Tensor:
     for count in filter(None, taken):
         pairs.extend([True] * (count - 1) + [False])
     return to_device(torch.tensor(pairs[:-1], dtype=torch.bool), device)
+
+
+def centre_inside(anchors: Tensor, cand: Tensor, gt: Tensor) -> Tensor:
+    """``(B, K, G)``: candidate ``cand``'s anchor centre is inside its box
+    by more than 0.01 (stock's ``min`` of the four distances ``> 0.01``: a
+    chain of ``minimum``, exact in any order), as ATSS and TaskAligned
+    test it."""
+    cx = (anchors[:, 0] + anchors[:, 2]) / 2.0
+    cy = (anchors[:, 1] + anchors[:, 3]) / 2.0
+    cand_cx, cand_cy = cx[cand], cy[cand]
+    nearest_side = torch.minimum(
+        torch.minimum(cand_cx - gt[:, None, :, 0],
+                      cand_cy - gt[:, None, :, 1]),
+        torch.minimum(gt[:, None, :, 2] - cand_cx,
+                      gt[:, None, :, 3] - cand_cy))
+    return nearest_side > 0.01
+
+
+def best_gt(overlaps: Tensor, cand: Tensor, is_pos: Tensor,
+            values: Tensor) -> tuple:
+    """Stock's ``overlaps_inf.max(dim=1)``: per anchor, the highest of
+    ``values`` among the boxes it is a positive candidate of (``-INF``
+    elsewhere), and that box (the first among equals).
+
+    Args:
+        overlaps (Tensor): ``(B, N, G)``, for the shape and dtype.
+        cand (Tensor): ``(B, K, G)`` candidate anchors per box.
+        is_pos (Tensor): ``(B, K, G)`` positive candidates.
+        values (Tensor): ``(B, K, G)`` their IoUs.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``(B, N)`` maxima and indices.
+    """
+    inf = overlaps.new_full(overlaps.shape, -ATSS_INF)
+    inf.scatter_(1, cand, torch.where(is_pos, values, -ATSS_INF))
+    return inf.max(dim=2)
 
 
 def _centres(boxes: Tensor) -> Tensor:
@@ -73,8 +109,7 @@ def assign_batch(assigner: Any, anchors: Tensor, inside: Tensor,
     Returns:
         Assigned: The assignment and the images to compute stock's way.
     """
-    num_imgs, num_anchors = inside.shape
-    width = gt.shape[1]
+    num_imgs = inside.shape[0]
     topk = assigner.topk
     overlaps = assigner.iou_calculator(
         anchors.unsqueeze(0).expand(num_imgs, -1, -1), gt)  # (B, N, G)
@@ -109,20 +144,8 @@ def assign_batch(assigner: Any, anchors: Tensor, inside: Tensor,
     thr = thresholds(cand_overlaps, counts)
     is_pos = cand_overlaps >= thr[:, None, :]
 
-    cx = (anchors[:, 0] + anchors[:, 2]) / 2.0
-    cy = (anchors[:, 1] + anchors[:, 3]) / 2.0
-    cand_cx, cand_cy = cx[cand], cy[cand]
-    nearest_side = torch.minimum(
-        torch.minimum(cand_cx - gt[:, None, :, 0],
-                      cand_cy - gt[:, None, :, 1]),
-        torch.minimum(gt[:, None, :, 2] - cand_cx,
-                      gt[:, None, :, 3] - cand_cy))
-    is_pos &= (nearest_side > 0.01) & gt_mask[:, None, :]
-
-    overlaps_inf = overlaps.new_full((num_imgs, num_anchors, width), -ATSS_INF)
-    overlaps_inf.scatter_(1, cand, torch.where(is_pos, cand_overlaps,
-                                               -ATSS_INF))
-    max_overlaps, argmax = overlaps_inf.max(dim=2)
+    is_pos &= centre_inside(anchors, cand, gt) & gt_mask[:, None, :]
+    max_overlaps, argmax = best_gt(overlaps, cand, is_pos, cand_overlaps)
     gt_inds = torch.where(max_overlaps != -ATSS_INF, argmax + 1, 0)
     gt_inds = gt_inds.masked_fill(~inside, -1)
     # no anchor in an image: stock raises its ValueError there

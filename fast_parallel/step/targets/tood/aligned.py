@@ -23,7 +23,8 @@ import torch
 from torch import Tensor
 
 from fast_parallel.step.targets import cpu_paths
-from fast_parallel.step.targets.atss.assign import ATSS_INF
+from fast_parallel.step.targets.atss.assign import (ATSS_INF, best_gt,
+                                                    centre_inside)
 from fast_parallel.step.targets.atss.targets import inside_of
 from fast_parallel.step.targets.dynamic_k import host_values, nonzero, pairs_of
 from fast_parallel.step.targets.padding import pad_gts
@@ -92,19 +93,10 @@ def aligned_targets(head: Any, cls_scores: Tensor, bbox_preds: Tensor,
         last, first_out = top[:, topk - 1], top[:, topk]
         unsure |= ((last == first_out) & (last > 0) & gt_mask).any(1)
     cand, cand_metrics = cand[:, :topk], top[:, :topk]
-    cx = (flat_anchors[:, 0] + flat_anchors[:, 2]) / 2.0
-    cy = (flat_anchors[:, 1] + flat_anchors[:, 3]) / 2.0
-    cand_cx, cand_cy = cx[cand], cy[cand]
-    nearest_side = torch.minimum(
-        torch.minimum(cand_cx - gt[:, None, :, 0],
-                      cand_cy - gt[:, None, :, 1]),
-        torch.minimum(gt[:, None, :, 2] - cand_cx,
-                      gt[:, None, :, 3] - cand_cy))
-    is_pos = (cand_metrics > 0) & (nearest_side > 0.01) & gt_mask[:, None]
-    overlaps_inf = overlaps.new_full((num_imgs, num_anchors, width), -ATSS_INF)
-    overlaps_inf.scatter_(
-        1, cand, torch.where(is_pos, overlaps.gather(1, cand), -ATSS_INF))
-    max_overlaps, argmax = overlaps_inf.max(dim=2)
+    is_pos = (cand_metrics > 0) & centre_inside(flat_anchors, cand,
+                                                gt) & gt_mask[:, None]
+    max_overlaps, argmax = best_gt(overlaps, cand, is_pos,
+                                   overlaps.gather(1, cand))
     pos = (max_overlaps != -ATSS_INF) & inside
     neg = ~pos & inside
     read = host_values(pos.sum(1), unsure)
