@@ -30,9 +30,11 @@ def set_random_states(states: dict) -> None:
     """
     random.setstate(states['python'])
     np.random.set_state(states['numpy'])
-    torch.set_rng_state(torch.as_tensor(states['torch']))
+    # a checkpoint loaded with map_location='cuda' (Runner.resume on a GPU)
+    # brings the state tensors to the device; the setters take CPU bytes
+    torch.set_rng_state(torch.as_tensor(states['torch']).cpu())
     if 'cuda' in states and torch.cuda.is_available():
-        cuda = states['cuda']
+        cuda = [torch.as_tensor(state).cpu() for state in states['cuda']]
         if len(cuda) != torch.cuda.device_count():
             raise RuntimeError(
                 f'the checkpoint holds the random states of {len(cuda)} '

@@ -4,7 +4,8 @@ writes what it trained to ``$FP_RECORD_DIR/rank<r>.json`` when training ends
 
 The record is the parity recorder's (``fast_parallel.parity.recorder``):
 per iteration the batch's sample ids and the loss terms, per step the
-gradient norm; plus a SHA-256 of the final parameters, bit for bit.
+gradient norm; plus SHA-256s of the final parameters and buffers, and of
+every ``EMAHook``'s averaged model, bit for bit.
 """
 import hashlib
 import json
@@ -53,6 +54,14 @@ class RankRecordHook(Hook):
             digest.update(name.encode())
             digest.update(data)
             each[name] = hashlib.sha256(data).hexdigest()[:16]
+        emas = hashlib.sha256()
+        for hook in runner.hooks:
+            if hasattr(hook, 'ema_model'):
+                for name, tensor in sorted(
+                        hook.ema_model.state_dict().items()):
+                    emas.update(name.encode())
+                    emas.update(
+                        tensor.detach().cpu().contiguous().numpy().tobytes())
         record = dict(
             rank=runner.rank,
             world_size=runner.world_size,
@@ -61,6 +70,7 @@ class RankRecordHook(Hook):
             losses=self.record['losses'],
             grad_norm=self.record['grad_norm'],
             params=digest.hexdigest(),
+            ema=emas.hexdigest(),
             each_param=each)
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, f'rank{runner.rank}.json'), 'w') as f:

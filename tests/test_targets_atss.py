@@ -323,6 +323,52 @@ def test_tood_boundary_ties_go_the_stock_way():
                                                         if len(g.bboxes))
 
 
+def _tood_both(head, sizes, metas, gts, error=None, match=None):
+    """Stock's and the switched head's targets (and the images it computed
+    stock's way), or both raising ``error``."""
+    scores, boxes = _tood_inputs(head, sizes, metas)
+    anchors, valid = head.get_anchors(sizes, metas, device='cpu')
+    if error is not None:
+        with pytest.raises(error, match=match):
+            type(head).get_targets(head, scores, boxes, anchors, valid, gts,
+                                   metas)
+    else:
+        stock = type(head).get_targets(head, scores, boxes, anchors, valid,
+                                       gts, metas)
+    switched(head)
+    before = head.fast_target_stats.stock
+    anchors, valid = head.get_anchors(sizes, metas, device='cpu')
+    if error is not None:
+        with pytest.raises(error, match=match):
+            head.get_targets(scores, boxes, anchors, valid, gts, metas)
+        return None
+    out = head.get_targets(scores, boxes, anchors, valid, gts, metas)
+    return stock, out, head.fast_target_stats.stock - before
+
+
+def test_tood_labels_stock_indexes_by_go_the_stock_way():
+    """TaskAligned indexes the scores by label: -1 wraps to the last class
+    in stock (found by a review: the batch read class 0), a label past the
+    classes raises stock's IndexError; no anchor inside raises stock's
+    ValueError."""
+    head = build_head(
+        TOOD, num_classes=4, head=SMALL_ANCHORS, allowed_border=0)
+    MessageHub.get_current_instance().update_info('epoch', head.initial_epoch)
+    sizes, metas, gts = random_batch(3, head, 'cpu', kinds=['normal'])
+    gts = [g for g in gts if len(g.bboxes)] or gts
+    labels = gts[0].labels.clone()
+    labels[0] = -1
+    gts[0] = InstanceData(bboxes=gts[0].bboxes, labels=labels)
+    stock, out, stock_way = _tood_both(head, sizes, metas, gts)
+    assert_same((*stock, 0), (*out, 0))
+    assert stock_way >= 1
+    labels[0] = head.num_classes
+    _tood_both(head, sizes, metas, gts, IndexError)
+    labels[0] = 0
+    metas[0] = dict(metas[0], img_shape=(4, 4))
+    _tood_both(head, sizes, metas, gts, ValueError, 'no valid anchor inside')
+
+
 def test_inputs_stock_rejects_raise_as_stock():
     """int32 labels (stock's index put raises) and an empty list of ignored
     instances (stock's ``multi_apply`` unpacks nothing)."""

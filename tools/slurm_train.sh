@@ -17,10 +17,9 @@ GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 CPUS_PER_TASK=${CPUS_PER_TASK:-5}
 SRUN_ARGS=${SRUN_ARGS:-""}
 GRES=${GRES-gpu:${GPUS_PER_NODE}}
-PY_ARGS=${@:5}
 . "$(dirname "$0")/find_python.sh"
 
-# shellcheck disable=SC2086  # SRUN_ARGS and PY_ARGS are word lists, as upstream
+# shellcheck disable=SC2086  # SRUN_ARGS is a word list, as upstream
 srun -p "${PARTITION}" \
     --job-name="${JOB_NAME}" \
     ${GRES:+--gres=${GRES}} \
@@ -29,4 +28,4 @@ srun -p "${PARTITION}" \
     --cpus-per-task="${CPUS_PER_TASK}" \
     --kill-on-bad-exit=1 \
     ${SRUN_ARGS} \
-    "$PYTHON" -u "$(dirname "$0")/train.py" "${CONFIG}" --work-dir="${WORK_DIR}" --launcher="slurm" ${PY_ARGS}
+    "$PYTHON" -u "$(dirname "$0")/train.py" "${CONFIG}" --work-dir="${WORK_DIR}" --launcher="slurm" "${@:5}"

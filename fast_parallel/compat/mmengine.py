@@ -16,6 +16,25 @@ LOADER_CONFIGS = {
     'test': ('_test_loop', '_test_dataloader'),
 }
 
+#: ``CheckpointHook``'s method that writes one checkpoint (periodic and
+#: best), on every rank (``Runner.save_checkpoint`` inside is master-only).
+CHECKPOINT_SAVE_METHOD = '_save_checkpoint_with_step'
+
+
+def checkpoint_save_method(hook: Any) -> Any:
+    """``CheckpointHook._save_checkpoint_with_step`` of ``hook`` (bound).
+
+    Args:
+        hook (CheckpointHook): The hook.
+
+    Returns:
+        The bound method.
+    """
+    return private(
+        hook, CHECKPOINT_SAVE_METHOD, 'mmengine',
+        'exact resume of distributed runs (every rank\'s states '
+        'right before a checkpoint)')
+
 
 def loader_config(runner: Any, kind: str) -> Any:
     """The DataLoader config the Runner built a loop's DataLoader from.

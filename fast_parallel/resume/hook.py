@@ -22,8 +22,8 @@ from fast_parallel.data.loader import prepare_like
 from fast_parallel.data.loader_state import carry_worker_states
 from fast_parallel.data.rebuild import rebuild_started, started_iterators
 from fast_parallel.random_states import random_states, set_random_states
-from fast_parallel.resume.ranks import (buffers_of, gather_if_saving,
-                                        own_entry, set_buffers)
+from fast_parallel.resume.ranks import (buffers_of, gather_at_saves, own_entry,
+                                        set_buffers)
 from fast_parallel.resume.workers import (WorkerRecord, arm_first_start,
                                           needs_worker_states,
                                           stateful_transforms)
@@ -121,6 +121,9 @@ class ExactResumeHook(Hook):
         the train workers' random states where an exact resume needs them
         (:func:`~fast_parallel.resume.workers.needs_worker_states`)."""
         self._built_seed = runner.seed
+        # distributed runs: every rank's states right before each checkpoint
+        gather_at_saves(runner, partial(self._rank_states, runner),
+                        self._keep_ranks)
         loop = runner_loop(runner, 'train')
         if needs_worker_states(loop):
             # Batches carry them where FastParallelHook packs them.
@@ -135,24 +138,11 @@ class ExactResumeHook(Hook):
             own['workers'] = self._record.entry(loader)
         return own
 
-    def after_train_iter(self,
-                         runner,
-                         batch_idx: int,
-                         data_batch=None,
-                         outputs=None) -> None:
-        """Distributed runs: every rank's states before a checkpoint of an
-        iteration loop (:mod:`~fast_parallel.resume.ranks`)."""
-        self._ranks = gather_if_saving(runner, False,
-                                       partial(self._rank_states, runner))
-
-    def after_train_epoch(self, runner) -> None:
-        """Distributed runs: every rank's states before a checkpoint of an
-        epoch loop."""
-        self._ranks = gather_if_saving(runner, True,
-                                       partial(self._rank_states, runner))
-
     def _rank_states(self, runner) -> dict:
         return dict(self._own_states(runner), buffers=buffers_of(runner))
+
+    def _keep_ranks(self, states: list) -> None:
+        self._ranks = states
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         """Writes random and module states into ``checkpoint['meta']``, and

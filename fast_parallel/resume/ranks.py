@@ -6,13 +6,13 @@ resumed distributed run gets each rank's own random states (main process and
 persistent train workers) and its own buffers (DDP does not broadcast them
 here: BatchNorm's running statistics differ per rank until a
 ``SyncNormHook`` averages them; an ``EMAHook``'s averaged model holds its
-own per-rank copies), :func:`gather_if_saving` collects them from every
-rank, with one ``all_gather_object``, right before ``CheckpointHook`` writes
-a checkpoint (the same test as its ``after_train_epoch`` /
-``after_train_iter``, mmengine 0.10.7); rank 0 puts the list in the
-checkpoint, and on resume :func:`own_entry` gives each rank its own and
-:func:`set_buffers` puts its buffers back.
-Reasoning: ``docs/resume.md``.
+own per-rank copies), :func:`gather_at_saves` wraps, on the instance, each
+``CheckpointHook``'s method that writes a checkpoint (periodic and best; every
+rank runs it, with the same step): first one ``all_gather_object`` of every
+rank's states, taken right then (after every hook that ran before the save,
+EMA updates included), then the save. Rank 0 puts the list in the
+checkpoint; on resume :func:`own_entry` gives each rank its own and
+:func:`set_buffers` puts its buffers back. Reasoning: ``docs/resume.md``.
 """
 from typing import Any, Callable, List, Optional
 
@@ -21,58 +21,47 @@ import torch.distributed as dist
 from mmengine.hooks import CheckpointHook
 from mmengine.model import is_model_wrapper
 
-__all__ = [
-    'buffers_of', 'checkpoint_due', 'gather_if_saving', 'own_entry',
-    'set_buffers'
-]
+from fast_parallel.compat import CHECKPOINT_SAVE_METHOD, checkpoint_save_method
+
+__all__ = ['buffers_of', 'gather_at_saves', 'own_entry', 'set_buffers']
 
 
-def checkpoint_due(runner: Any, by_epoch: bool) -> bool:
-    """Whether a ``CheckpointHook`` of ``runner`` writes a checkpoint at
-    the end of this epoch (``by_epoch``) or iteration, as it decides.
-
-    Args:
-        runner (Runner): The runner.
-        by_epoch (bool): At the end of an epoch (True) or an iteration.
-
-    Returns:
-        bool: True when one will.
-    """
-    for hook in runner.hooks:
-        if not isinstance(hook, CheckpointHook) or hook.by_epoch != by_epoch:
-            continue
-        if by_epoch:
-            due = hook.every_n_epochs(runner, hook.interval, hook.save_begin)
-            last = hook.is_last_train_epoch(runner)
-        else:
-            due = hook.every_n_train_iters(runner, hook.interval,
-                                           hook.save_begin)
-            last = hook.is_last_train_iter(runner)
-        if due or (hook.save_last and last):
-            return True
-    return False
-
-
-def gather_if_saving(runner: Any, by_epoch: bool,
-                     own: Callable[[], dict]) -> Optional[List[dict]]:
-    """Every rank's ``own()``, on every rank, when a checkpoint is about to
-    be written in a distributed run; else None (nothing exchanged).
+def gather_at_saves(runner: Any, own: Callable[[], dict],
+                    keep: Callable[[List[dict]], None]) -> int:
+    """Makes every ``CheckpointHook`` of a distributed ``runner`` gather
+    each rank's ``own()`` right before it writes a checkpoint and hand the
+    list to ``keep`` (on every rank) first.
 
     Args:
-        runner (Runner): The runner (every rank calls this at the same
-            point: a collective).
-        by_epoch (bool): At the end of an epoch or of an iteration.
+        runner (Runner): The runner (``world_size`` > 1, group started).
         own (callable): This rank's states.
+        keep (callable): Gets the list, by rank.
 
     Returns:
-        list[dict] | None: By rank.
+        int: The hooks wrapped (0 in a single process).
     """
     if runner.world_size < 2 or not dist.is_available() or \
-            not dist.is_initialized() or not checkpoint_due(runner, by_epoch):
-        return None
-    found: List[Optional[dict]] = [None] * runner.world_size
-    dist.all_gather_object(found, own())
-    return found  # type: ignore[return-value]
+            not dist.is_initialized():
+        return 0
+    wrapped = 0
+    for hook in runner.hooks:
+        if not isinstance(hook, CheckpointHook) or \
+                CHECKPOINT_SAVE_METHOD in vars(hook):
+            continue
+        save = checkpoint_save_method(hook)
+
+        def gathering(runner_: Any,
+                      step: Any,
+                      meta: Any,
+                      _save: Callable = save) -> Any:
+            found: List[Optional[dict]] = [None] * runner_.world_size
+            dist.all_gather_object(found, own())
+            keep(found)  # type: ignore[arg-type]
+            return _save(runner_, step, meta)
+
+        setattr(hook, CHECKPOINT_SAVE_METHOD, gathering)
+        wrapped += 1
+    return wrapped
 
 
 def own_entry(saved: dict, rank: int, world_size: int) -> Optional[dict]:

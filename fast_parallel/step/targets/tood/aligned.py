@@ -15,7 +15,8 @@ ones whose anchor centre is inside the box, the highest IoU per anchor, then
 each positive's metric normalised by its ground truth's highest metric and
 IoU. Only a tie at the ``topk`` boundary between positive metrics leaves
 stock's pick to the implementation: that image, and an image with a NaN
-metric, is computed by stock's ``_get_targets_single``, counted.
+input, a label outside the classes (stock indexes the scores by it) or no
+anchor inside, is computed by stock's ``_get_targets_single``, counted.
 """
 from typing import Any, Callable, List, Sequence
 
@@ -46,8 +47,10 @@ def _metrics(head: Any, scores: Tensor, overlaps: Tensor, inside: Tensor,
                                     cpu_paths.power(head.beta), iou, num_pairs)
     metrics = overlaps.new_full((overlaps.numel(), ), -1.)
     metrics[pairs.flat] = metric
+    # a NaN input flags its image even where the metric hides it (NaN ** 0)
+    bad = torch.isnan(metric) | torch.isnan(score) | torch.isnan(iou)
     nan = torch.zeros(len(counts), dtype=torch.long, device=inside.device)
-    nan.index_add_(0, pairs.imgs, torch.isnan(metric).long())
+    nan.index_add_(0, pairs.imgs, bad.long())
     return metrics.view(overlaps.shape), nan > 0
 
 
@@ -84,8 +87,14 @@ def aligned_targets(head: Any, cls_scores: Tensor, bbox_preds: Tensor,
                                                       gt).detach()
     scores = cls_scores.detach().gather(
         2,
-        gt_labels.clamp(min=0)[:, None, :].expand(-1, num_anchors, -1))
+        gt_labels.clamp(0, cls_scores.shape[-1] - 1)[:, None, :].expand(
+            -1, num_anchors, -1))
     metrics, unsure = _metrics(head, scores, overlaps, inside, gt_mask, counts)
+    # stock indexes the scores by label: a label outside [0, C) wraps or
+    # raises there; and an image without an inside anchor raises
+    num_classes = cls_scores.shape[-1]
+    unsure |= (((gt_labels < 0) |
+                (gt_labels >= num_classes)) & gt_mask).any(1) | ~inside.any(1)
 
     topk = head.alignment_assigner.topk
     top, cand = metrics.topk(min(topk + 1, num_anchors), dim=1)
