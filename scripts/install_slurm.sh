@@ -19,9 +19,12 @@ if ! command -v apt-get >/dev/null; then
   exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-if apt-get install -y -q slurm-wlm munge >/tmp/install_slurm.log 2>&1 || {
-  apt-get update -q >>/tmp/install_slurm.log 2>&1 &&
-    apt-get install -y -q slurm-wlm munge >>/tmp/install_slurm.log 2>&1
+# bounded: a machine without a reachable mirror must not hold `make test`
+if timeout 600 apt-get install -y -q slurm-wlm munge \
+    >/tmp/install_slurm.log 2>&1 || {
+  timeout 300 apt-get update -q >>/tmp/install_slurm.log 2>&1 &&
+    timeout 600 apt-get install -y -q slurm-wlm munge \
+      >>/tmp/install_slurm.log 2>&1
 }; then
   echo "install_slurm: installed slurm-wlm and munge"
 else
