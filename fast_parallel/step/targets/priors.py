@@ -10,11 +10,15 @@ every prior is in (the common case, decided on the host).
 from typing import Any, Optional, Sequence
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from fast_parallel.step.targets.padding import to_device
 
-__all__ = ['inside_flags', 'image_without_prior_on_host', 'valid_flags']
+__all__ = [
+    'inside_flags', 'image_without_prior_on_host', 'valid_flags',
+    'within_border'
+]
 
 
 def _all_valid(head: Any, featmap_sizes: Sequence, pad_shape: tuple) -> bool:
@@ -129,11 +133,37 @@ def inside_flags(head: Any, priors: Tensor, featmap_sizes: Sequence,
     if border < 0 and all(
             _all_valid(head, featmap_sizes, pad) for pad in set(pads)):
         return None
-    valid = valid_flags(head, featmap_sizes, metas, priors.device)
+    return within_border(
+        head, priors, valid_flags(head, featmap_sizes, metas, priors.device),
+        metas)
+
+
+def within_border(head: Any, priors: Tensor, valid: Tensor,
+                  metas: Sequence[dict]) -> Tensor:
+    """``anchor_inside_flags`` of every image from its valid flags:
+    ``(B, N)`` bool.
+
+    Without a border check (``allowed_border < 0``) the valid flags; else
+    stock's comparisons, each bound summed in Python and then cast to the
+    priors' dtype, as stock's Python numbers are (a float32 sum of the
+    size and a fractional border could round otherwise).
+
+    Args:
+        head: A dense head (``train_cfg``).
+        priors (Tensor): ``(N, 4)`` flat priors of the batch.
+        valid (Tensor): ``(B, N)`` bool valid flags.
+        metas (Sequence[dict]): ``img_shape`` per image.
+
+    Returns:
+        Tensor: ``(B, N)`` bool.
+    """
+    border = head.train_cfg['allowed_border']
     if border < 0:
         return valid
-    size = priors.new_tensor([m['img_shape'][:2] for m in metas])
-    img_h, img_w = size[:, 0:1], size[:, 1:2]
+    bounds = to_device(
+        torch.tensor([[m['img_shape'][0] + border, m['img_shape'][1] + border]
+                      for m in metas],
+                     dtype=priors.dtype), priors.device)
     return valid & (priors[:, 0] >= -border) & (priors[:, 1] >= -border) & (
-        priors[:, 2] < img_w + border) & (
-            priors[:, 3] < img_h + border)
+        priors[:, 2] < bounds[:, 1:2]) & (
+            priors[:, 3] < bounds[:, 0:1])

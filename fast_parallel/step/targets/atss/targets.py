@@ -17,31 +17,11 @@ from fast_parallel.compat.targets import upstream
 from fast_parallel.step.targets.atss.assign import assign_batch
 from fast_parallel.step.targets.dynamic_k import host_values, nonzero
 from fast_parallel.step.targets.max_iou.targets import encode_deltas
-from fast_parallel.step.targets.padding import pad_gts, to_device
+from fast_parallel.step.targets.padding import pad_gts
+from fast_parallel.step.targets.priors import within_border
 from fast_parallel.step.targets.stock_way import StockWay
 
-__all__ = ['atss_targets', 'inside_of']
-
-
-def inside_of(head: Any, anchors: Tensor, valid: Tensor,
-              metas: Sequence[dict]) -> Tensor:
-    """``anchor_inside_flags`` of every image: ``(B, N)`` bool.
-
-    Without a border check (``allowed_border < 0``) the valid flags; else
-    stock's comparisons, each bound summed in Python and cast to float32
-    as stock's Python numbers are against float32 anchors.
-    """
-    border = head.train_cfg['allowed_border']
-    if border < 0:
-        return valid
-    # each bound summed in Python, then cast, as stock's are
-    bounds = to_device(
-        torch.tensor([[m['img_shape'][0] + border, m['img_shape'][1] + border]
-                      for m in metas],
-                     dtype=anchors.dtype), anchors.device)
-    return valid & (anchors[:, 0] >= -border) & (anchors[:, 1] >= -border) & (
-        anchors[:, 2] < bounds[:, 1:2]) & (
-            anchors[:, 3] < bounds[:, 0:1])
+__all__ = ['atss_targets']
 
 
 def _pos_targets(head: Any, anchors: Tensor, pos_gt: Tensor,
@@ -78,7 +58,7 @@ def atss_targets(head: Any, flat_anchors: Tensor, valid: Tensor,
         ``avg_factor``.
     """
     num_imgs, num_anchors = valid.shape
-    inside = inside_of(head, flat_anchors, valid, metas)
+    inside = within_border(head, flat_anchors, valid, metas)
     gt, gt_labels, gt_mask, counts = pad_gts([g.bboxes for g in gts],
                                              [g.labels for g in gts],
                                              flat_anchors.device, 1)

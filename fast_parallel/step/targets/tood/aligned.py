@@ -26,9 +26,9 @@ from torch import Tensor
 from fast_parallel.step.targets import cpu_paths
 from fast_parallel.step.targets.atss.assign import (ATSS_INF, best_gt,
                                                     centre_inside)
-from fast_parallel.step.targets.atss.targets import inside_of
 from fast_parallel.step.targets.dynamic_k import host_values, nonzero, pairs_of
 from fast_parallel.step.targets.padding import pad_gts
+from fast_parallel.step.targets.priors import within_border
 from fast_parallel.step.targets.stock_way import StockWay
 
 __all__ = ['aligned_targets']
@@ -78,7 +78,7 @@ def aligned_targets(head: Any, cls_scores: Tensor, bbox_preds: Tensor,
         box targets and normalised alignment metrics.
     """
     num_imgs, num_anchors = valid.shape
-    inside = inside_of(head, flat_anchors, valid, metas)
+    inside = within_border(head, flat_anchors, valid, metas)
     gt, gt_labels, gt_mask, counts = pad_gts([g.bboxes for g in gts],
                                              [g.labels for g in gts],
                                              flat_anchors.device, 1)
