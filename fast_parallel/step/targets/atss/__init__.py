@@ -194,30 +194,34 @@ def get_targets(self: Any,
         tuple: ``(anchors_list, labels_list, label_weights_list,
         bbox_targets_list, bbox_weights_list, avg_factor)``, stock's.
     """
-    return batched(self, anchor_list, valid_flag_list, batch_gt_instances,
-                   batch_img_metas, batch_gt_instances_ignore, unmap_outputs,
-                   targets_single(self),
-                   type(self).get_targets)
+    return batched(
+        self, anchor_list, valid_flag_list, batch_gt_instances,
+        batch_img_metas, batch_gt_instances_ignore, unmap_outputs,
+        type(self).get_targets,
+        stacked_targets(self, batch_gt_instances, batch_img_metas,
+                        targets_single(self), per_level))
 
 
-def batched(self: Any,
-            anchor_list: List[List[Tensor]],
-            valid_flag_list: List[List[Tensor]],
-            gts: Sequence[Any],
-            metas: List[dict],
-            ignores: Optional[Sequence[Any]],
-            unmap_outputs: bool,
-            single: Callable,
-            stock: Callable,
-            finish: Optional[Callable] = None) -> tuple:
-    """The batched targets where :func:`batch_reason` allows, else
-    ``stock(self, anchor_list, valid_flag_list, gts, metas, ignores,
-    unmap_outputs)``; counted. ``single`` computes an image stock's way.
+def batched(
+        self: Any,
+        anchor_list: List[List[Tensor]],
+        valid_flag_list: List[List[Tensor]],
+        gts: Sequence[Any],
+        metas: List[dict],
+        ignores: Optional[Sequence[Any]],
+        unmap_outputs: bool,
+        stock: Callable,
+        compute: Callable,
+        more_reason: Optional[Callable[[int], Optional[str]]] = None) -> tuple:
+    """The batched targets where :func:`batch_reason` (and ``more_reason``
+    of the anchor count) allows, else ``stock(self, anchor_list,
+    valid_flag_list, gts, metas, ignores, unmap_outputs)``; counted.
+
+    ``compute(flat_anchors, valid, level_sizes, ignores, way)`` makes the
+    batched result (None: stock's way after all).
 
     Returns:
-        tuple: ``finish(stacked, avg_factor, level_sizes)`` of the batched
-        result (by default: per level the anchors, labels, label weights,
-        box targets and box weights, then the ``avg_factor``), or stock's.
+        tuple: ``compute``'s result, or stock's.
     """
     num_imgs = len(metas)
     per_image = [None] * num_imgs if ignores is None else ignores
@@ -225,19 +229,37 @@ def batched(self: Any,
         why = batch_reason(anchor_list, valid_flag_list, gts, metas, per_image)
         if why is None and unmap_outputs:
             levels = anchor_list[0]
-            flags = [f for image in valid_flag_list for f in image]
             sizes = [a.shape[0] for a in levels]
-            stacked, avg_factor = atss_targets(
-                self, torch.cat(levels),
-                torch.cat(flags).view(num_imgs, -1), sizes, gts, metas,
-                per_image, single, way)
-            return (finish or _levels)(stacked, avg_factor, sizes)
+            why = more_reason and more_reason(sum(sizes))
+        if why is None and unmap_outputs:
+            flags = [f for image in valid_flag_list for f in image]
+            out = compute(
+                torch.cat(levels),
+                torch.cat(flags).view(num_imgs, -1), sizes, per_image, way)
+            if out is not None:
+                return out
         way.count(num_imgs)
         return stock(self, anchor_list, valid_flag_list, gts, metas, ignores,
                      unmap_outputs)
 
 
-def _levels(stacked: List[Tensor], avg_factor: int, sizes: List[int]) -> tuple:
+def stacked_targets(self: Any, gts: Sequence[Any], metas: List[dict],
+                    single: Callable, finish: Callable) -> Callable:
+    """:func:`batched`'s ``compute`` of the ATSS family: ``finish(stacked,
+    avg_factor, level_sizes)`` of :func:`~.targets.atss_targets`, an image
+    stock must compute computed by ``single``."""
+
+    def compute(flat: Tensor, valid: Tensor, sizes: List[int],
+                ignores: Sequence[Any], way: Any) -> tuple:
+        stacked, avg_factor = atss_targets(self, flat, valid, sizes, gts,
+                                           metas, ignores, single, way)
+        return finish(stacked, avg_factor, sizes)
+
+    return compute
+
+
+def per_level(stacked: List[Tensor], avg_factor: int,
+              sizes: List[int]) -> tuple:
     """``get_targets``' result: each stacked target per level, then the
     ``avg_factor``."""
     return (*(images_to_levels(t, sizes) for t in stacked), avg_factor)

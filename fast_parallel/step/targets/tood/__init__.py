@@ -19,11 +19,11 @@ from torch import Tensor
 
 from fast_parallel.compat.targets import (TARGETS_SINGLE, replaced_reason,
                                           targets_single, upstream)
-from fast_parallel.step.targets.atss import (assigner_reason, batch_reason,
-                                             batched, get_anchors, head_reason)
+from fast_parallel.step.targets.atss import (assigner_reason, batched,
+                                             get_anchors, head_reason,
+                                             stacked_targets)
 from fast_parallel.step.targets.cpu_paths import PathModelError
 from fast_parallel.step.targets.padding import images_to_levels
-from fast_parallel.step.targets.stock_way import batch_targets
 from fast_parallel.step.targets.tood.aligned import aligned_targets
 
 __all__ = ['aligned_reason', 'get_anchors', 'get_targets', 'supported']
@@ -100,10 +100,12 @@ def get_targets(self: Any,
                         valid_flag_list, batch_gt_instances, batch_img_metas,
                         batch_gt_instances_ignore, unmap_outputs, stock)
     self.epoch = epoch  # stock's get_targets sets it for the loss
-    return batched(self, anchor_list, valid_flag_list, batch_gt_instances,
-                   batch_img_metas, batch_gt_instances_ignore, unmap_outputs,
-                   getattr(upstream('ATSSHead'),
-                           TARGETS_SINGLE), stock, _finish)
+    return batched(
+        self, anchor_list, valid_flag_list, batch_gt_instances,
+        batch_img_metas, batch_gt_instances_ignore, unmap_outputs, stock,
+        stacked_targets(self, batch_gt_instances, batch_img_metas,
+                        getattr(upstream('ATSSHead'), TARGETS_SINGLE),
+                        _finish))
 
 
 def aligned_reason(head: Any) -> Optional[str]:
@@ -150,31 +152,24 @@ def _aligned(self: Any, epoch: int, cls_scores: Tensor, bbox_preds: Tensor,
              unmap_outputs: bool, stock: Callable) -> tuple:
     """The epochs from ``initial_epoch`` on: batched where covered, else
     stock's ``get_targets``; counted."""
-    num_imgs = len(metas)
-    per_image = [None] * num_imgs if ignores is None else ignores
-    with batch_targets(self, num_imgs) as way:
-        why = aligned_reason(self) or batch_reason(
-            anchor_list, valid_flag_list, gts, metas, per_image)
-        if why is None:
-            levels = anchor_list[0]
-            sizes = [a.shape[0] for a in levels]
-            why = _predictions_reason(cls_scores, bbox_preds, num_imgs,
-                                      sum(sizes))
-        if why is None and unmap_outputs:
-            self.epoch = epoch  # stock's get_targets sets it for the loss
-            flags = [f for image in valid_flag_list for f in image]
-            try:
-                stacked = aligned_targets(self, cls_scores, bbox_preds,
-                                          torch.cat(levels),
-                                          torch.cat(flags).view(num_imgs, -1),
-                                          gts, metas, per_image,
-                                          targets_single(self), way)
-                return tuple(images_to_levels(t, sizes) for t in stacked)
-            except PathModelError:  # this CPU's pow loops are not modelled
-                pass
-        way.count(num_imgs)
-        return stock(self, anchor_list, valid_flag_list, gts, metas, ignores,
-                     unmap_outputs)
+
+    def more_reason(num_anchors: int) -> Optional[str]:
+        return aligned_reason(self) or _predictions_reason(
+            cls_scores, bbox_preds, len(metas), num_anchors)
+
+    def compute(flat: Tensor, valid: Tensor, sizes: List[int],
+                per_image: Sequence[Any], way: Any) -> Optional[tuple]:
+        self.epoch = epoch  # stock's get_targets sets it for the loss
+        try:
+            stacked = aligned_targets(self, cls_scores, bbox_preds, flat,
+                                      valid, gts, metas, per_image,
+                                      targets_single(self), way)
+        except PathModelError:  # this CPU's pow loops are not modelled
+            return None
+        return tuple(images_to_levels(t, sizes) for t in stacked)
+
+    return batched(self, anchor_list, valid_flag_list, gts, metas, ignores,
+                   unmap_outputs, stock, compute, more_reason)
 
 
 def _finish(stacked: List[Tensor], avg_factor: int, sizes: List[int]) -> tuple:
