@@ -83,7 +83,8 @@ def test_a_spawned_worker_finds_the_fast_class(sample_data):
     dataset = _build(sample_data)
     line = str(switch_pipeline(dataset))
     assert line.startswith(
-        'pipeline: KittiDataset, ObjectSample, PointsRangeFilter fast')
+        'pipeline: KittiDataset, ObjectSample, GlobalRotScaleTrans, '
+        'PointsRangeFilter, ObjectRangeFilter fast')
     assert type(_inner(dataset)).__name__ == 'FastKittiDataset'
     code = ('import pickle, sys; d = pickle.load(sys.stdin.buffer); '
             'print(type(d.dataset).__module__, type(d.dataset).__name__)')
@@ -106,8 +107,9 @@ def test_a_users_dataset_subclass_stays_stock(sample_data):
     _inner(dataset).__class__ = MyKitti
     line = str(switch_pipeline(dataset))
     assert type(_inner(dataset)) is MyKitti
-    assert line.startswith('pipeline: ObjectSample, PointsRangeFilter fast'), \
-        line
+    assert line.startswith(
+        'pipeline: ObjectSample, GlobalRotScaleTrans, PointsRangeFilter, '
+        'ObjectRangeFilter fast'), line
 
 
 def test_an_info_holding_other_objects_is_copied_as_stock(

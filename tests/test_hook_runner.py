@@ -255,8 +255,9 @@ def test_one_line_says_the_fast_path_is_on(kind, workers, fused, runs):
             'shared memory (up to '), pipeline
     else:
         assert pipeline.startswith(
-            'KittiDataset, ObjectSample, PointsRangeFilter fast; inputs '
-            'cached in shared memory (up to 0.0 GB; ') and pipeline.endswith(
+            'KittiDataset, ObjectSample, GlobalRotScaleTrans, '
+            'PointsRangeFilter, ObjectRangeFilter fast; inputs cached in '
+            'shared memory (up to 0.0 GB; ') and pipeline.endswith(
                 ' available): gt-database files'), pipeline
     assert summary.endswith({
         'yolox':

@@ -93,10 +93,11 @@ def test_3d_pipelines_give_stock_samples_and_draws(sample_data, preset):
     assert report['equal'] == 12
     assert report['switch'].startswith({
         'pointpillars':
-        'pipeline: KittiDataset, ObjectSample, PointsRangeFilter fast',
+        'pipeline: KittiDataset, ObjectSample, GlobalRotScaleTrans, '
+        'PointsRangeFilter, ObjectRangeFilter fast',
         'centerpoint_pillar':
         'pipeline: NuScenesDataset, LoadPointsFromMultiSweeps, ObjectSample, '
-        'PointsRangeFilter fast'
+        'GlobalRotScaleTrans, PointsRangeFilter, ObjectRangeFilter fast'
     }[preset]), report['switch']
     assert not any(k.startswith('stock: ') for k in report['counts'])
 
@@ -115,14 +116,16 @@ def test_a_users_object_sample_subclass_stays_stock(sample_data):
     transforms[2].__class__ = MyObjectSample
     line = str(switch_pipeline(dataset))
     assert type(transforms[2]) is MyObjectSample
-    assert line.startswith('pipeline: KittiDataset, PointsRangeFilter fast;')
+    assert line.startswith('pipeline: KittiDataset, GlobalRotScaleTrans, '
+                           'PointsRangeFilter, ObjectRangeFilter fast;')
     transforms[2].__class__ = ObjectSample
     assert str(switch_pipeline(dataset)).startswith(
-        'pipeline: KittiDataset, ObjectSample, PointsRangeFilter fast')
+        'pipeline: KittiDataset, ObjectSample, GlobalRotScaleTrans, '
+        'PointsRangeFilter, ObjectRangeFilter fast')
     assert type(transforms[2]) is FastObjectSample
     assert str(switch_pipeline(dataset)).startswith(
-        'pipeline: KittiDataset, ObjectSample, PointsRangeFilter fast'
-    )  # twice: one swap
+        'pipeline: KittiDataset, ObjectSample, GlobalRotScaleTrans, '
+        'PointsRangeFilter, ObjectRangeFilter fast')  # twice: one swap
 
 
 def test_a_2d_switch_does_not_import_mmdet3d(sample_data):

@@ -1,4 +1,4 @@
-"""mmdet3d internals the fast ``ObjectSample`` follows.
+"""mmdet3d internals the fast 3D transforms follow.
 
 Checked on mmdet3d 1.4.0 (:data:`fast_parallel.compat.CHECKED_ON`).
 """
@@ -6,7 +6,9 @@ from typing import Callable, Tuple
 
 from fast_parallel.compat.core import private
 
-__all__ = ["points_file_read", "rotation_kernel", "sweep_methods"]
+__all__ = [
+    "period_kernel", "points_file_read", "rotation_kernel", "sweep_methods"
+]
 
 
 def rotation_kernel() -> Callable:
@@ -18,8 +20,22 @@ def rotation_kernel() -> Callable:
         clockwise=False)``.
     """
     from mmdet3d.structures.bbox_3d import utils
-    return private(utils.rotation_3d_in_axis, '__wrapped__', 'mmdet3d',
-                   "ObjectSample's fast sampler (the corners of its boxes)")
+    return private(
+        utils.rotation_3d_in_axis, '__wrapped__', 'mmdet3d',
+        "ObjectSample's fast sampler (the corners of its boxes) and the "
+        'fast GlobalRotScaleTrans')
+
+
+def period_kernel() -> Callable:
+    """mmdet3d's ``limit_period`` without its ``array_converter`` (the
+    function it wraps, ``__wrapped__``): torch tensors in and out.
+
+    Returns:
+        callable: ``(val, offset=0.5, period=np.pi)``.
+    """
+    from mmdet3d.structures.bbox_3d import utils
+    return private(utils.limit_period, '__wrapped__', 'mmdet3d',
+                   "the fast ObjectRangeFilter (the boxes' yaw)")
 
 
 def sweep_methods(transform: object) -> Tuple[Callable, Callable]:

@@ -10,6 +10,7 @@ cannot make exact (not a 3-channel ``uint8`` image, a ``pad_val`` outside
 import copy
 from typing import Optional
 
+import cv2
 import mmcv
 import mmcv.image.geometric as mmcv_geometric
 import numpy as np
@@ -241,6 +242,26 @@ def pad_val_why(pad_val) -> Optional[str]:
     return None
 
 
+def _canvas(shape: tuple, one: np.ndarray, image: np.ndarray) -> np.ndarray:
+    """Stock's ``np.ones(shape, dtype) * pad_val`` with ``image`` at its top
+    left: the pad written only where the image is not."""
+    canvas = np.empty(shape, one.dtype)
+    h, w = image.shape[:2]
+    canvas[:h, :w] = image
+    if h < shape[0]:
+        canvas[h:] = filled((shape[0] - h, ) + shape[1:], one, one.dtype)
+    if w < shape[1]:
+        canvas[:h, w:] = filled((min(h, shape[0]), shape[1] - w, shape[2]),
+                                one, one.dtype)
+    return canvas
+
+
+def flipped_uint8(window: np.ndarray) -> np.ndarray:
+    """``window[:, ::-1].astype(np.uint8)``, C-ordered: the cast made on
+    the unflipped (contiguous) rows, then the bytes flipped."""
+    return cv2.flip(np.ascontiguousarray(window.astype(np.uint8)), 1)
+
+
 def mix_halves(ori_img: np.ndarray, crop: np.ndarray) -> np.ndarray:
     """Stock's ``(0.5 * a + 0.5 * b).astype(uint8)`` in float32 for uint8
     images: both halves and their sum are exact, so it is ``(a + b) >> 1``.
@@ -289,17 +310,20 @@ class MixWindow:
             self._window_of_image(retrieve_img, one.astype(np.uint8), rows,
                                   cols)
             return
-        out_img = filled(canvas_shape, one, one.dtype)
-        out_img[:retrieve_img.shape[0], :retrieve_img.shape[1]] = retrieve_img
+        out_img = _canvas(canvas_shape, one, retrieve_img)
         out_img = mmcv.imresize(out_img, (int(out_img.shape[1] * jit_factor),
                                           int(out_img.shape[0] * jit_factor)))
-        if self.is_flip:
-            out_img = out_img[:, ::-1, :]
-
         self.origin_h, self.origin_w = out_img.shape[:2]
         rows, cols = self._offsets(t, target_shape)
-        self.crop[:rows, :cols] = out_img[self.y_offset:self.y_offset + rows,
-                                          self.x_offset:self.x_offset + cols]
+        y0, x0 = self.y_offset, self.x_offset
+        if self.is_flip and rows > 0 and cols > 0:
+            # flipped column x is column origin_w - 1 - x: the unflipped
+            # window cast (contiguous reads), then its bytes flipped
+            part = out_img[y0:y0 + rows,
+                           self.origin_w - x0 - cols:self.origin_w - x0]
+            self._put(flipped_uint8(part), rows, cols)
+        else:  # (an empty window is the same either way)
+            self._put(out_img[y0:y0 + rows, x0:x0 + cols], rows, cols)
 
     def _offsets(self, t, target_shape) -> tuple:
         """Stock's offset draws; the crop filled with the padded canvas's
@@ -313,18 +337,27 @@ class MixWindow:
         if padded_w > target_w:
             self.x_offset = random.randint(0, padded_w - target_w)
         # stock pads the whole canvas (float64, cast to uint8), then crops
-        fill = (np.ones((1, 1, 3)) * t.pad_val).astype(np.uint8)
-        self.crop = filled((target_h, target_w, 3), fill, np.uint8)
-        self._fill = fill
+        self._fill = (np.ones((1, 1, 3)) * t.pad_val).astype(np.uint8)
+        self._target = (target_h, target_w, 3)
         rows = max(0, min(target_h, self.origin_h - self.y_offset))
         cols = max(0, min(target_w, self.origin_w - self.x_offset))
         return rows, cols
+
+    def _put(self, window: np.ndarray, rows: int, cols: int) -> None:
+        """The crop: ``window`` (cast to uint8 as stock's assignment casts)
+        over the padded canvas's fill."""
+        if (rows, cols) == self._target[:2]:
+            self.crop = window.astype(np.uint8, copy=False)
+            return
+        self.crop = filled(self._target, self._fill, np.uint8)
+        self.crop[:rows, :cols] = window
 
     def _window_of_image(self, image: np.ndarray, pad: np.ndarray, rows: int,
                          cols: int) -> None:
         """The crop's ``rows`` x ``cols`` window of the unresized canvas
         (``pad`` with ``image`` at its top left, flipped if drawn)."""
         y0, x0 = self.y_offset, self.x_offset
+        self.crop = filled(self._target, self._fill, np.uint8)
         if rows > 0 and cols > 0 and not np.array_equal(pad, self._fill):
             self.crop[:rows, :cols] = filled((rows, cols, 3), pad, np.uint8)
         image_h, image_w = image.shape[:2]

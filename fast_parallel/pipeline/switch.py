@@ -42,12 +42,15 @@ SWAPS: Dict[str, type] = {
 #: Stock transform class (exact, by name) -> ``'module:class'`` of its fast
 #: form, imported only when a dataset holds one: the 3D forms import mmdet3d.
 LAZY_SWAPS: Dict[str, str] = {
-    'ObjectSample':
-    'fast_parallel.pipeline.object_sample:FastObjectSample',
+    'ObjectSample': 'fast_parallel.pipeline.object_sample:FastObjectSample',
     'LoadPointsFromMultiSweeps':
     'fast_parallel.pipeline.sweeps:FastLoadPointsFromMultiSweeps',
     'PointsRangeFilter':
     'fast_parallel.pipeline.point_filters:FastPointsRangeFilter',
+    'GlobalRotScaleTrans':
+    'fast_parallel.pipeline.rigid3d:FastGlobalRotScaleTrans',
+    'ObjectRangeFilter':
+    'fast_parallel.pipeline.rigid3d:FastObjectRangeFilter',
 }
 
 #: Transforms left stock on purpose, and why (the start line says it).
