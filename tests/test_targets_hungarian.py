@@ -369,6 +369,10 @@ def test_dino_parity_through_the_runner(sample_data, tmp_path, capsys):
     # denoising layers, 2 images each, 2 iterations
     assert ('DINOHead/HungarianAssigner batched for 52 of 52 images, 0 '
             'computed the stock way') in logs
+    # the detector's denoising queries: 2 iterations of one batch each
+    assert 'CdnQueryGenerator batched' in logs
+    assert ('CdnQueryGenerator batched for 2 of 2 batches, 0 computed the '
+            'stock way') in logs
 
 
 def test_loss_modules_with_hooks_are_called_as_modules():

@@ -254,6 +254,16 @@ def _head_outcome(head: nn.Module, why: Optional[str]) -> Outcome:
     return Outcome(label, False, why, text=f'{label} stock ({why})')
 
 
+def _switch_queries(model: nn.Module) -> Optional[TargetStats]:
+    """DINO's ``CdnQueryGenerator`` switched (imported only where there is
+    one); its counter, or None."""
+    names = ('CdnQueryGenerator', 'FastCdnQueryGenerator')
+    if not any(type(m).__name__ in names for m in model.modules()):
+        return None
+    from fast_parallel.step.targets.hungarian.queries import switch_queries
+    return switch_queries(model)
+
+
 def switch_targets(model: nn.Module,
                    enabled: bool = True) -> Tuple[Outcome, List[TargetStats]]:
     """Switches every covered head of ``model`` to batched targets.
@@ -283,6 +293,13 @@ def switch_targets(model: nn.Module,
         if why is None:
             stats.append(install(head, covered))
         heads.append(_head_outcome(head, why))
+    queries = _switch_queries(
+        model.module if is_model_wrapper(model) else model)
+    if queries is not None:  # DINO's denoising queries
+        stats.append(queries)
+        heads.append(
+            Outcome(queries.name, True, text=f'{queries.name} '
+                    'batched'))
     done = any(h.done for h in heads)
     why = None if done else ('; '.join(f'{h.name}: {h.why}' for h in heads)
                              or 'no dense head found')
