@@ -9,6 +9,7 @@ and the batched one: targets, losses and the gradients they give must be
 equal to the bit.
 """
 import copy
+import re
 from typing import List
 
 import pytest
@@ -373,6 +374,22 @@ def test_dino_parity_through_the_runner(sample_data, tmp_path, capsys):
     assert 'CdnQueryGenerator batched' in logs
     assert ('CdnQueryGenerator batched for 2 of 2 batches, 0 computed the '
             'stock way') in logs
+
+
+@pytest.mark.parametrize('config, head', [(DEFORMABLE, 'DeformableDETRHead'),
+                                          (DETR, 'DETRHead')])
+def test_deformable_detr_and_detr_parity_through_the_runner(
+        config, head, sample_data, tmp_path, capsys):
+    """tools/parity.py on mmdet's two-stage refined Deformable DETR and
+    DETR R-18 configs, as the DINO run: IDENTICAL, every image batched."""
+    logs = small_parity(config, [
+        "dict(type='RandomFlip', prob=0.5)",
+        "dict(type='Resize', scale=(320, 320), keep_ratio=True)"
+    ], sample_data, tmp_path, capsys)
+    assert f'targets: {head}/HungarianAssigner batched' in logs
+    assert re.search(
+        f'{head}/HungarianAssigner batched for ([0-9]+) of \\1 images, 0 '
+        'computed the stock way', logs), logs[-2000:]
 
 
 def test_loss_modules_with_hooks_are_called_as_modules():

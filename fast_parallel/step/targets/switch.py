@@ -254,14 +254,27 @@ def _head_outcome(head: nn.Module, why: Optional[str]) -> Outcome:
     return Outcome(label, False, why, text=f'{label} stock ({why})')
 
 
-def _switch_queries(model: nn.Module) -> Optional[TargetStats]:
-    """DINO's ``CdnQueryGenerator`` switched (imported only where there is
-    one); its counter, or None."""
-    names = ('CdnQueryGenerator', 'FastCdnQueryGenerator')
+def _switch_detr(model: nn.Module) -> Tuple[List[Outcome], List[TargetStats]]:
+    """The DETR family's detector-side parts (imported only where the model
+    has one): DINO's ``CdnQueryGenerator`` batched, and the level shapes of
+    Deformable DETR's proposals and encoder read once. Their parts of the
+    line, and the generator's counter."""
+    names = ('CdnQueryGenerator', 'FastCdnQueryGenerator',
+             'DeformableDetrTransformerEncoder')
     if not any(type(m).__name__ in names for m in model.modules()):
-        return None
+        return [], []
     from fast_parallel.step.targets.hungarian.queries import switch_queries
-    return switch_queries(model)
+    from fast_parallel.step.targets.hungarian.shapes import switch_level_shapes
+    parts, stats = [], []
+    queries = switch_queries(model)
+    if queries is not None:
+        stats.append(queries)
+        parts.append(
+            Outcome(queries.name, True, text=f'{queries.name} batched'))
+    if switch_level_shapes(model):
+        parts.append(
+            Outcome('level shapes', True, text='level shapes read once'))
+    return parts, stats
 
 
 def switch_targets(model: nn.Module,
@@ -293,13 +306,10 @@ def switch_targets(model: nn.Module,
         if why is None:
             stats.append(install(head, covered))
         heads.append(_head_outcome(head, why))
-    queries = _switch_queries(
+    parts, queries = _switch_detr(
         model.module if is_model_wrapper(model) else model)
-    if queries is not None:  # DINO's denoising queries
-        stats.append(queries)
-        heads.append(
-            Outcome(queries.name, True, text=f'{queries.name} '
-                    'batched'))
+    heads.extend(parts)
+    stats.extend(queries)
     done = any(h.done for h in heads)
     why = None if done else ('; '.join(f'{h.name}: {h.why}' for h in heads)
                              or 'no dense head found')
