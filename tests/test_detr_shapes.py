@@ -2,6 +2,8 @@
 shapes read once are stock's tensors (bits): drawn level shapes, batch
 sizes, padding masks and valid ratios, with and without a mask; and the
 switch puts them only on instances with stock's methods."""
+import pickle
+
 import pytest
 import torch
 from mmdet.models.detectors import DeformableDETR
@@ -10,7 +12,8 @@ from targets_utils import DEVICES
 from torch import nn
 
 from fast_parallel.step.targets.hungarian.shapes import (
-    encoder_reference_points, output_proposals, switch_level_shapes)
+    gen_encoder_output_proposals, get_encoder_reference_points,
+    switch_level_shapes)
 
 
 class _Trans(nn.Module):
@@ -20,6 +23,14 @@ class _Trans(nn.Module):
         super().__init__()
         self.memory_trans_fc = nn.Linear(dims, dims)
         self.memory_trans_norm = nn.LayerNorm(dims)
+
+
+class Holder(nn.Module):
+    """A model holding the given modules."""
+
+    def __init__(self, *children):
+        super().__init__()
+        self.items = nn.ModuleList(children)
 
 
 def _bits(a, b):
@@ -59,13 +70,19 @@ def test_level_shape_forms_are_stocks(seed, device):
     owner = _Trans(8).to(device)
     stock = DeformableDETR.gen_encoder_output_proposals(
         owner, memory, mask, shapes)
-    fast = output_proposals(owner, memory, mask, shapes)
+    fast = gen_encoder_output_proposals(owner, memory, mask, shapes)
     for a, b in zip(stock, fast):
         _bits(a, b)
     _bits(
         DeformableDetrTransformerEncoder.get_encoder_reference_points(
             shapes, ratios, device=device),
-        encoder_reference_points(shapes, ratios, device=device))
+        get_encoder_reference_points(shapes, ratios, device=device))
+    as_list = [tuple(hw) for hw in shapes.tolist()]  # stock's list branch
+    for a, b in zip(
+            DeformableDETR.gen_encoder_output_proposals(
+                owner, memory, mask, as_list),
+            gen_encoder_output_proposals(owner, memory, mask, as_list)):
+        _bits(a, b)
 
 
 def test_the_switch_takes_instances_with_stocks_methods_only():
@@ -74,12 +91,6 @@ def test_the_switch_takes_instances_with_stocks_methods_only():
 
         def gen_encoder_output_proposals(self, *args):  # a user's own
             raise AssertionError
-
-    class Holder(nn.Module):
-
-        def __init__(self, *children):
-            super().__init__()
-            self.items = nn.ModuleList(children)
 
     stock_like = DeformableDETR.__new__(DeformableDETR)
     nn.Module.__init__(stock_like)
@@ -93,7 +104,14 @@ def test_the_switch_takes_instances_with_stocks_methods_only():
     names = switch_level_shapes(Holder(stock_like, mine, encoder))
     assert names == ['DeformableDETR', 'DeformableDetrTransformerEncoder']
     assert stock_like.gen_encoder_output_proposals.__func__ is \
-        output_proposals
-    assert encoder.get_encoder_reference_points is encoder_reference_points
+        gen_encoder_output_proposals
+    assert encoder.get_encoder_reference_points is \
+        get_encoder_reference_points
     assert 'gen_encoder_output_proposals' not in vars(mine)
-    assert switch_level_shapes(Holder(stock_like, encoder)) == []  # once
+    # a second switch finds them switched (and says so)
+    assert switch_level_shapes(Holder(stock_like, mine, encoder)) == names
+    assert stock_like.gen_encoder_output_proposals.__func__ is \
+        gen_encoder_output_proposals
+    # a switched model pickles; its copy computes as stock does
+    copied = pickle.loads(pickle.dumps(Holder(stock_like, encoder)))
+    assert type(copied.items[0]) is DeformableDETR

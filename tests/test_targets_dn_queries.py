@@ -6,6 +6,7 @@ non-integer image sizes, duplicate and zero-width boxes, float16 boxes);
 what it does not cover goes stock's way, counted; CUDA variants skip
 cleanly without a GPU."""
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -118,7 +119,16 @@ def test_what_it_does_not_cover_goes_stocks_way_counted():
     three_dims[1].set_metainfo(dict(img_shape=(480, 640, 3)))
     mixed = _samples(gen, [2, 3], 'cpu')
     mixed[1].gt_instances.bboxes = mixed[1].gt_instances.bboxes.double()
-    for samples in (three_dims, mixed, []):
+    uneven = _samples(gen, [2, 1], 'cpu')  # equal totals, uneven counts
+    uneven = [
+        SimpleNamespace(
+            img_shape=s.img_shape,
+            gt_instances=SimpleNamespace(
+                bboxes=s.gt_instances.bboxes, labels=labels))
+        for s, labels in zip(uneven, (torch.tensor([3]), torch.tensor([4, 5])))
+    ]
+    for samples in (three_dims, mixed, [], uneven):
+        torch.manual_seed(5)
         try:
             expected = stock(copy.deepcopy(samples))
         except Exception as error:  # stock's error is fast's
@@ -126,6 +136,7 @@ def test_what_it_does_not_cover_goes_stocks_way_counted():
                 fast(copy.deepcopy(samples))
             assert str(raised.value) == str(error)
             continue
+        torch.manual_seed(5)
         _same(expected, fast(copy.deepcopy(samples)))
-    assert (stats.calls, stats.stock) == (3, 3)
+    assert (stats.calls, stats.stock) == (4, 4)
     assert switch_queries(torch.nn.ModuleList([fast])) is stats  # once

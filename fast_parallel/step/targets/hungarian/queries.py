@@ -39,8 +39,9 @@ def batch_why(batch_data_samples: Sequence[Any]) -> Optional[str]:
         bboxes = getattr(instances, 'bboxes', None)
         labels = getattr(instances, 'labels', None)
         if type(bboxes) is not Tensor or type(labels) is not Tensor or \
-                bboxes.dim() != 2 or bboxes.shape[1] != 4:
-            return 'ground truths that are not (n, 4) tensors'
+                bboxes.dim() != 2 or bboxes.shape[1] != 4 or \
+                labels.dim() != 1 or len(labels) != len(bboxes):
+            return 'ground truths that are not (n, 4) boxes and n labels'
         boxes.append(bboxes)
         if labels.device != bboxes.device:
             return 'labels and boxes on different devices'

@@ -23,16 +23,22 @@ from mmdet.models.layers.transformer import DeformableDetrTransformerEncoder
 from torch import Tensor
 
 __all__ = [
-    'encoder_reference_points', 'output_proposals', 'switch_level_shapes'
+    'gen_encoder_output_proposals', 'get_encoder_reference_points',
+    'switch_level_shapes'
 ]
 
 _PROPOSALS = 'gen_encoder_output_proposals'
 _REFERENCES = 'get_encoder_reference_points'
 
 
-def output_proposals(self: Any, memory: Tensor, memory_mask: Tensor,
-                     spatial_shapes: Tensor) -> Tuple[Tensor, Tensor]:
-    """Stock's ``gen_encoder_output_proposals`` with host level shapes."""
+def gen_encoder_output_proposals(
+        self: Any, memory: Tensor, memory_mask: Tensor,
+        spatial_shapes: Tensor) -> Tuple[Tensor, Tensor]:
+    """Stock's ``gen_encoder_output_proposals`` with host level shapes
+    (named as stock's, so that a pickled model finds it)."""
+    if type(spatial_shapes) is not Tensor:  # stock's own way for a list
+        return DeformableDETR.gen_encoder_output_proposals(
+            self, memory, memory_mask, spatial_shapes)
     bs = memory.size(0)
     proposals = []
     _cur = 0  # start index in the sequence of the current level
@@ -80,9 +86,12 @@ def output_proposals(self: Any, memory: Tensor, memory_mask: Tensor,
     return output_memory, output_proposals
 
 
-def encoder_reference_points(spatial_shapes: Tensor, valid_ratios: Tensor,
-                             device: Union[torch.device, str]) -> Tensor:
+def get_encoder_reference_points(spatial_shapes: Tensor, valid_ratios: Tensor,
+                                 device: Union[torch.device, str]) -> Tensor:
     """Stock's ``get_encoder_reference_points`` with host level shapes."""
+    if type(spatial_shapes) is not Tensor:  # stock's own way for a list
+        return DeformableDetrTransformerEncoder.get_encoder_reference_points(
+            spatial_shapes, valid_ratios, device=device)
     reference_points_list = []
     for lvl, (H, W) in enumerate(spatial_shapes.tolist()):
         ref_y, ref_x = torch.meshgrid(
@@ -99,11 +108,17 @@ def encoder_reference_points(spatial_shapes: Tensor, valid_ratios: Tensor,
     return reference_points
 
 
-def _stock_method(module: Any, owner: type, name: str) -> bool:
-    """Whether ``module``'s class has ``owner``'s own ``name`` and the
-    instance no replacement of it."""
-    return isinstance(module, owner) and name not in vars(module) and \
-        getattr(type(module), name, None) is getattr(owner, name)
+def _state(module: Any, owner: type, name: str, fast: Any) -> str:
+    """'fast' where ``module`` has ``fast`` in place of ``owner``'s
+    ``name``, 'stock' where its class has ``owner``'s own and the instance
+    no replacement, else ''."""
+    if not isinstance(module, owner):
+        return ''
+    own = vars(module).get(name)
+    if own is not None:
+        return 'fast' if getattr(own, '__func__', own) is fast else ''
+    return 'stock' if getattr(type(module), name, None) is getattr(
+        owner, name) else ''
 
 
 def switch_level_shapes(model: Any) -> List[str]:
@@ -114,15 +129,21 @@ def switch_level_shapes(model: Any) -> List[str]:
         model: The model (its modules are walked).
 
     Returns:
-        list[str]: The class names of the instances switched.
+        list[str]: The class names of the instances that have them (also
+        those switched before).
     """
     switched = []
     for module in model.modules():
-        if _stock_method(module, DeformableDETR, _PROPOSALS):
-            setattr(module, _PROPOSALS, MethodType(output_proposals, module))
-            switched.append(type(module).__name__)
-        elif _stock_method(module, DeformableDetrTransformerEncoder,
-                           _REFERENCES):
-            setattr(module, _REFERENCES, encoder_reference_points)
-            switched.append(type(module).__name__)
+        for owner, name, fast in ((DeformableDETR, _PROPOSALS,
+                                   gen_encoder_output_proposals),
+                                  (DeformableDetrTransformerEncoder,
+                                   _REFERENCES, get_encoder_reference_points)):
+            state = _state(module, owner, name, fast)
+            if state == 'stock':
+                setattr(
+                    module, name,
+                    MethodType(fast, module)
+                    if owner is DeformableDETR else fast)
+            if state:
+                switched.append(type(module).__name__)
     return switched
