@@ -10,7 +10,6 @@ cannot make exact (not a 3-channel ``uint8`` image, a ``pad_val`` outside
 import copy
 from typing import Optional
 
-import cv2
 import mmcv
 import mmcv.image.geometric as mmcv_geometric
 import numpy as np
@@ -19,7 +18,8 @@ from mmdet.structures.bbox import autocast_box_type
 from numpy import random
 
 from fast_parallel.compat import mosaic_combine
-from fast_parallel.pipeline.copies import CV_NATIVE, sample_is_plain
+from fast_parallel.pipeline.copies import (CV_NATIVE, flipped_copy,
+                                           sample_is_plain)
 from fast_parallel.pipeline.stats import count
 
 __all__ = [
@@ -256,12 +256,6 @@ def _canvas(shape: tuple, one: np.ndarray, image: np.ndarray) -> np.ndarray:
     return canvas
 
 
-def flipped_uint8(window: np.ndarray) -> np.ndarray:
-    """``window[:, ::-1].astype(np.uint8)``, C-ordered: the cast made on
-    the unflipped (contiguous) rows, then the bytes flipped."""
-    return cv2.flip(np.ascontiguousarray(window.astype(np.uint8)), 1)
-
-
 def mix_halves(ori_img: np.ndarray, crop: np.ndarray) -> np.ndarray:
     """Stock's ``(0.5 * a + 0.5 * b).astype(uint8)`` in float32 for uint8
     images: both halves and their sum are exact, so it is ``(a + b) >> 1``.
@@ -318,10 +312,14 @@ class MixWindow:
         y0, x0 = self.y_offset, self.x_offset
         if self.is_flip and rows > 0 and cols > 0:
             # flipped column x is column origin_w - 1 - x: the unflipped
-            # window cast (contiguous reads), then its bytes flipped
-            part = out_img[y0:y0 + rows,
-                           self.origin_w - x0 - cols:self.origin_w - x0]
-            self._put(flipped_uint8(part), rows, cols)
+            # window cast (contiguous reads), then its bytes flipped by
+            # OpenCV (copies.flipped_copy; numpy copies a reversed view an
+            # element group at a time)
+            mirrored = out_img[y0:y0 + rows,
+                               self.origin_w - x0 - cols:self.origin_w -
+                               x0].astype(np.uint8)[:, ::-1]
+            flipped = flipped_copy(mirrored)
+            self._put(mirrored if flipped is None else flipped, rows, cols)
         else:  # (an empty window is the same either way)
             self._put(out_img[y0:y0 + rows, x0:x0 + cols], rows, cols)
 

@@ -7,14 +7,15 @@ image's boxes again on the device (``torch.sum(batch_idx == i)``, read back
 by ``max`` and ``arange``: host syncs), and writes the attention mask one
 group at a time. :class:`FastCdnQueryGenerator` divides all boxes at once
 by their image's factor (the same correctly rounded division per element),
-takes the counts from the host (stock's ``len`` of each image's boxes), makes
-the index tensors on the host and copies them once, and writes the mask as
-"group of the row != group of the column". The noise is drawn by stock's own
-``generate_dn_label_query`` / ``generate_dn_bbox_query`` on the same
-tensors, in stock's order. A batch it does not cover goes stock's way,
-counted. Why each step is exact: ``docs/targets_hungarian.md``.
+takes the counts from the host (stock's ``len`` of each image's boxes),
+makes every index tensor on the host and copies them in one copy, and
+writes the mask as "group of the row != group of the column". The noise is
+drawn by stock's own ``generate_dn_label_query`` /
+``generate_dn_bbox_query`` on the same tensors, in stock's order. A batch
+it does not cover goes stock's way, counted. Why each step is exact:
+``docs/targets_hungarian.md``.
 """
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 from mmdet.models.layers.transformer import CdnQueryGenerator
@@ -70,19 +71,33 @@ class FastCdnQueryGenerator(CdnQueryGenerator):
         factors = bboxes[0].new_tensor(
             [[w, h, w, h]
              for h, w in (s.img_shape for s in batch_data_samples)])
+        max_num_target = max(counts)
+        num_groups = self.get_num_groups(max_num_target)
+        # every index on the host, then one copy: each box's image, and
+        # collate_dn_queries' scatter (box k of image b in group g goes to
+        # (b, k + max_num_target * g))
         image_of_box = torch.repeat_interleave(
             torch.arange(len(counts)), torch.tensor(counts, dtype=torch.long))
-        batch_idx = to_device(image_of_box, device)
+        in_image = torch.cat([torch.arange(n) for n in counts]).long()
+        offsets = torch.arange(2 * num_groups).long() * max_num_target
+        map_query_index = (offsets[:, None] + in_image[None, :]).view(-1)
+        index = to_device(
+            torch.cat([
+                image_of_box,
+                image_of_box.repeat(2 * num_groups), map_query_index
+            ]), device)
+        batch_idx, batch_idx_expand, map_query_index = index.split(
+            [len(image_of_box),
+             len(map_query_index),
+             len(map_query_index)])
         gt_bboxes = torch.cat(bboxes) / factors[batch_idx]
         gt_labels = torch.cat(
             [s.gt_instances.labels for s in batch_data_samples])
-        max_num_target = max(counts)
-        num_groups = self.get_num_groups(max_num_target)
         dn_label_query = self.generate_dn_label_query(gt_labels, num_groups)
         dn_bbox_query = self.generate_dn_bbox_query(gt_bboxes, num_groups)
-        dn_label_query, dn_bbox_query = self._collate(dn_label_query,
-                                                      dn_bbox_query, counts,
-                                                      image_of_box, num_groups)
+        dn_label_query, dn_bbox_query = self._collate(
+            dn_label_query, dn_bbox_query, (batch_idx_expand, map_query_index),
+            len(counts), int(max_num_target * 2 * num_groups))
         attn_mask = self.generate_dn_mask(
             max_num_target, num_groups, device=dn_label_query.device)
         dn_meta = dict(
@@ -91,21 +106,10 @@ class FastCdnQueryGenerator(CdnQueryGenerator):
         return dn_label_query, dn_bbox_query, attn_mask, dn_meta
 
     def _collate(self, input_label_query: Tensor, input_bbox_query: Tensor,
-                 counts: Sequence[int], image_of_box: Tensor,
-                 num_groups: int) -> tuple:
-        """Stock's ``collate_dn_queries`` with its indices made on the
-        host: box ``k`` of image ``b`` in group ``g`` goes to ``(b, k +
-        max_num_target * g)``."""
+                 mapper: Tuple[Tensor, Tensor], batch_size: int,
+                 num_denoising_queries: int) -> tuple:
+        """Stock's ``collate_dn_queries`` given its scatter indices."""
         device = input_label_query.device
-        batch_size, max_num_target = len(counts), max(counts)
-        num_denoising_queries = int(max_num_target * 2 * num_groups)
-        in_image = torch.cat([torch.arange(n) for n in counts]).long()
-        offsets = torch.arange(2 * num_groups).long() * max_num_target
-        map_query_index = (offsets[:, None] + in_image[None, :]).view(-1)
-        batch_idx_expand = image_of_box.repeat(2 * num_groups)
-        index = to_device(
-            torch.stack([batch_idx_expand, map_query_index]), device)
-        mapper = (index[0], index[1])
         batched_label_query = torch.zeros(
             batch_size, num_denoising_queries, self.embed_dims, device=device)
         batched_bbox_query = torch.zeros(
