@@ -451,6 +451,24 @@ def test_atss_parity_through_the_runner(sample_data, tmp_path, capsys):
     assert 'targets: ATSSHead/ATSSAssigner batched' in logs
     assert ('ATSSHead/ATSSAssigner batched for 4 of 4 images, 0 computed '
             'the stock way') in logs
+    # and the losses of every level at once (atss/losses.py)
+    assert 'ATSSHead losses over levels at once' in logs
+    assert ('ATSSHead losses batched for 2 of 2 batches, 0 computed the '
+            'stock way') in logs
+
+
+def test_gfl_parity_through_the_runner(sample_data, tmp_path, capsys):
+    """tools/parity.py on mmdet's GFL config: the batched targets and the
+    quality / distribution focal losses of every level at once train to
+    stock's losses, gradient norms and parameters."""
+    logs = small_parity(GFL, [
+        "dict(type='Resize', scale=(320, 320), keep_ratio=True)",
+        "dict(type='RandomFlip', prob=0.5)"
+    ], sample_data, tmp_path, capsys)
+    assert 'targets: GFLHead/ATSSAssigner batched' in logs
+    assert 'GFLHead losses over levels at once' in logs
+    assert ('GFLHead losses batched for 2 of 2 batches, 0 computed the '
+            'stock way') in logs
 
 
 def test_tood_aligned_parity_through_the_runner(sample_data, tmp_path, capsys):
@@ -469,3 +487,6 @@ def test_tood_aligned_parity_through_the_runner(sample_data, tmp_path, capsys):
     assert 'targets: TOODHead/ATSSAssigner batched' in logs
     assert ('TOODHead/ATSSAssigner batched for 4 of 4 images, 0 computed '
             'the stock way') in logs
+    assert 'TOODHead losses over levels at once' in logs
+    assert ('TOODHead losses batched for 2 of 2 batches, 0 computed the '
+            'stock way') in logs

@@ -56,12 +56,15 @@ class TargetStats:
         self._since[1] += stock
         if stock and not self.reported:
             self.reported = True
+            what = ('a batch computed the stock way (an input the batched '
+                    'path does not cover)' if self.unit == 'batches' else
+                    f'{stock} of {samples} {self.unit} of a batch computed '
+                    'the stock way (a tie the batched path cannot decide as '
+                    'stock does, or an input it does not cover)')
             MMLogger.get_current_instance().info(
-                f'FastParallelHook: targets: {self.name}: {stock} of '
-                f'{samples} {self.unit} of a batch computed the stock way '
-                '(a tie the batched path cannot decide as stock does, or an '
-                'input it does not cover); the numbers stay stock\'s. '
-                'Counted, with totals at the end of each epoch.')
+                f'FastParallelHook: targets: {self.name}: {what}; the '
+                'numbers stay stock\'s. Counted, with totals at the end of '
+                'each epoch.')
 
     def pop(self) -> Optional[str]:
         """The counts since the last call, for the log, or None if none."""

@@ -110,14 +110,14 @@ COVERED: Tuple[Covered, ...] = (
         assigner='ATSSAssigner',
         package='atss',
         unit='images',
-        replaces=('get_anchors', 'get_targets'),
+        replaces=('get_anchors', 'get_targets', 'loss_by_feat'),
         stock_targets=('get_targets', )) for head in ('ATSSHead', 'GFLHead')),
     Covered(
         head='TOODHead',
         assigner='ATSSAssigner',
         package='tood',
         unit='images',
-        replaces=('get_anchors', 'get_targets'),
+        replaces=('get_anchors', 'get_targets', 'loss_by_feat'),
         stock_targets=('get_targets', )),
     *(Covered(
         head=head,
@@ -298,6 +298,8 @@ def switch_targets(model: nn.Module,
         if isinstance(getattr(head, 'fast_target_stats', None), TargetStats):
             stats.append(head.fast_target_stats)  # switched by an earlier run
             heads.append(_head_outcome(head, None))
+            if isinstance(getattr(head, 'fast_loss_stats', None), TargetStats):
+                stats.append(head.fast_loss_stats)
             continue
         if covered is None:
             heads.append(_head_outcome(head, 'not covered'))
@@ -306,6 +308,11 @@ def switch_targets(model: nn.Module,
         if why is None:
             stats.append(install(head, covered))
         heads.append(_head_outcome(head, why))
+        if why is None and 'loss_by_feat' in covered.replaces and hasattr(
+                family(covered), 'loss_part'):
+            part, counter = family(covered).loss_part(head)
+            heads.append(part)
+            stats.append(counter)
     parts, queries = _switch_detr(
         model.module if is_model_wrapper(model) else model)
     heads.extend(parts)

@@ -6,26 +6,34 @@ on one ``ATSSHead`` or ``GFLHead`` instance in place of the class's (stock's
 :func:`~fast_parallel.step.targets.atss.targets.atss_targets`'s result,
 stock's bit for bit. A batch outside what that covers runs stock's
 ``get_targets``, and an image whose candidates tie is computed by stock's
-``_get_targets_single``; both counted. Reasoning: ``docs/targets_atss.md``.
+``_get_targets_single``; both counted. Both also get
+:func:`loss_by_feat` (every level's losses at once). Reasoning:
+``docs/targets_atss.md``.
 """
 from itertools import accumulate
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from fast_parallel.compat.targets import (replaced_reason, targets_single,
                                           upstream)
+from fast_parallel.outcome import Outcome
+from fast_parallel.step.targets.atss.gfl_losses import (gfl_loss_by_feat,
+                                                        gfl_loss_reason)
+from fast_parallel.step.targets.atss.losses import (atss_loss_by_feat,
+                                                    loss_reason)
 from fast_parallel.step.targets.atss.targets import atss_targets
 from fast_parallel.step.targets.max_iou.sampling import sampler_reason
 from fast_parallel.step.targets.padding import (gt_layout_reason,
                                                 images_to_levels)
 from fast_parallel.step.targets.priors import valid_flags
+from fast_parallel.step.targets.stats import TargetStats
 from fast_parallel.step.targets.stock_way import batch_targets
 
 __all__ = [
     'assigner_reason', 'batch_reason', 'batched', 'get_anchors', 'get_targets',
-    'supported'
+    'loss_by_feat', 'loss_part', 'supported'
 ]
 
 
@@ -52,6 +60,29 @@ def assigner_reason(assigner: Any) -> Optional[str]:
     if iou.scale != 1. or iou.dtype is not None:
         return 'BboxOverlaps2D with scale or dtype options'
     return None
+
+
+def loss_by_feat(self: Any, *args: Any, **kwargs: Any) -> dict:
+    """Stock's ``loss_by_feat`` of this ``ATSSHead`` or ``GFLHead``, every
+    level's losses at once (:mod:`.losses`, :mod:`.gfl_losses`)."""
+    if type(self) is upstream('GFLHead'):
+        return gfl_loss_by_feat(self, *args, **kwargs)
+    return atss_loss_by_feat(self, *args, **kwargs)
+
+
+def loss_part(head: Any) -> Tuple[Outcome, TargetStats]:
+    """The losses' part of the start line for a switched ``ATSSHead`` or
+    ``GFLHead``, and their counter (``head.fast_loss_stats``, per batch),
+    made once."""
+    label = f'{type(head).__name__} losses'
+    stats = getattr(head, 'fast_loss_stats', None)
+    if not isinstance(stats, TargetStats):
+        stats = head.fast_loss_stats = TargetStats(label, 'batches')
+    gfl = type(head) is upstream('GFLHead')
+    why = gfl_loss_reason(head) if gfl else loss_reason(head)
+    if why is None:
+        return Outcome(label, True, text=f'{label} over levels at once'), stats
+    return Outcome(label, False, why, text=f'{label} per level ({why})'), stats
 
 
 def supported(head: Any) -> Optional[str]:

@@ -9,6 +9,7 @@ path (``norm_alignment_metrics`` are the box weights' first column, as
 stock's). From ``initial_epoch`` on stock assigns with
 ``TaskAlignedAssigner``: :func:`~.aligned.aligned_targets` does it for the
 batch (:func:`aligned_reason` says when it cannot, and stock runs, counted).
+:func:`~.losses.loss_by_feat` computes every level's losses at once.
 Reasoning: ``docs/targets_atss.md``.
 """
 from typing import Any, Callable, List, Optional, Sequence
@@ -25,8 +26,12 @@ from fast_parallel.step.targets.atss import (assigner_reason, batched,
 from fast_parallel.step.targets.cpu_paths import PathModelError
 from fast_parallel.step.targets.padding import images_to_levels
 from fast_parallel.step.targets.tood.aligned import aligned_targets
+from fast_parallel.step.targets.tood.losses import loss_by_feat, loss_part
 
-__all__ = ['aligned_reason', 'get_anchors', 'get_targets', 'supported']
+__all__ = [
+    'aligned_reason', 'get_anchors', 'get_targets', 'loss_by_feat',
+    'loss_part', 'supported'
+]
 
 
 def supported(head: Any) -> Optional[str]:
