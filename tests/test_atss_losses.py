@@ -57,15 +57,16 @@ def predictions(head,
             levels(anchors))
 
 
-def run(head, preds, gts, metas, loss_by_feat=None):
+def run(head, preds, gts, metas, loss_by_feat=None, sign=1.0):
     """The losses and the gradients of their sum (as mmengine's
-    ``parse_losses`` adds them) for each prediction."""
+    ``parse_losses`` adds them, times ``sign``: a negative upstream gradient
+    makes stock's zero gradients negative zeros) for each prediction."""
     leaves = [[p.detach().clone().requires_grad_() for p in kind]
               for kind in preds]
     call = loss_by_feat or head.loss_by_feat
     losses = call(*leaves, gts, metas)
     total = sum(sum(v.mean() for v in value) for value in losses.values())
-    total.backward()
+    (total * sign).backward()
     return losses, [[p.grad for p in kind] for kind in leaves]
 
 
@@ -83,6 +84,9 @@ def assert_same(ref, out) -> None:
             assert torch.equal(bits(a), bits(b)), (key, level, a, b)
     for kind, (ref_levels, out_levels) in enumerate(zip(ref_grads, out_grads)):
         for level, (a, b) in enumerate(zip(ref_levels, out_levels)):
+            if a is None or b is None:  # a level no loss reads
+                assert a is None and b is None, (kind, level)
+                continue
             assert a.dtype == b.dtype and a.shape == b.shape, (kind, level)
             assert torch.equal(bits(a), bits(b)), (kind, level)
 
@@ -94,8 +98,9 @@ def stock_loss(head):
 def compare(stock, fast, sizes, metas, gts, seed, scale, device='cpu'):
     preds = predictions(stock, sizes, len(metas), seed, scale, device)
     before = fast.fast_loss_stats.stock
-    ref = run(stock, preds, gts, metas, stock_loss(stock))
-    out = run(fast, preds, gts, metas)
+    sign = -1.0 if seed % 2 else 1.0
+    ref = run(stock, preds, gts, metas, stock_loss(stock), sign)
+    out = run(fast, preds, gts, metas, sign=sign)
     assert_same(ref, out)
     return fast.fast_loss_stats.stock - before
 
@@ -134,7 +139,14 @@ def _heads(name):
                     beta=1.5,
                     loss_weight=0.8),
                 loss_dfl=dict(type='DistributionFocalLoss', loss_weight=0.3),
-                loss_bbox=dict(type='GIoULoss', loss_weight=1.7)),
+                loss_bbox=dict(type='GIoULoss', loss_weight=1.7),
+                # strides that are not powers of two: divided per level
+                anchor_generator=dict(
+                    type='AnchorGenerator',
+                    ratios=[1.0],
+                    octave_base_scale=8,
+                    scales_per_octave=1,
+                    strides=[12, 24, 48, 96, 192])),
         }[name]()
     return HEADS[name]
 
@@ -170,6 +182,40 @@ def test_levels_without_positives_and_a_batch_without_boxes():
             labels=torch.tensor([2])[:int(i == 0)]) for i in range(len(gts))
     ]
     assert compare(stock, fast, sizes, metas, gts, 1, 3.0) == 0
+
+
+def level_positives(head, sizes, metas, gts):
+    anchors, valid = head.get_anchors(sizes, metas, device='cpu')
+    labels = type(head).get_targets(head, anchors, valid, gts, metas)[1]
+    return [int((level < head.num_classes).sum()) for level in labels]
+
+
+@pytest.mark.parametrize('name', ['atss', 'gfl'])
+def test_every_level_with_positives(name):
+    """Large and small boxes on 640 px images: positives on all five
+    levels (stock's coarse levels too), values and gradients by bits."""
+    stock, fast = _heads(name)
+    sizes = [torch.Size((640 // s, 640 // s)) for s in (8, 16, 32, 64, 128)]
+    metas = [
+        dict(
+            img_shape=(640, 630),
+            pad_shape=(640, 640),
+            batch_input_shape=(640, 640))
+    ] * 2
+    # boxes of 40 to 1,020 px (one past the image: positives on P7)
+    boxes = torch.tensor([[10., 20., 600., 630.], [100., 50., 500., 400.],
+                          [5., 5., 60., 70.], [300., 300., 341., 330.],
+                          [20., 200., 620., 560.], [200., 100., 330., 230.],
+                          [1., 2., 639., 629.], [400., 420., 520., 600.],
+                          [-190., -200., 830., 820.]])
+    gts = [
+        InstanceData(bboxes=boxes[:5], labels=torch.tensor([1, 5, 7, 2, 4])),
+        InstanceData(
+            bboxes=boxes[3:], labels=torch.tensor([3, 3, 9, 8, 0, 6]))
+    ]
+    assert all(level_positives(stock, sizes, metas, gts))
+    for seed in (0, 1):  # a positive and a negative upstream gradient
+        assert compare(stock, fast, sizes, metas, gts, seed, 5.0) == 0
 
 
 def test_large_levels_cross_the_grain():
@@ -278,6 +324,16 @@ def test_inputs_and_options_not_covered_go_stocks_way_counted():
         run(stock, preds, gts, metas, stock_loss(stock)),
         run(fast, preds, gts, metas))
     assert fast.fast_loss_stats.stock == before + 1
+    # GFL reads its sizes from the scores: an extra box level is dropped
+    gfl = _heads('gfl')
+    sizes, metas, gts = random_batch(2, gfl[0], 'cpu')
+    cls, boxes = predictions(gfl[0], sizes, len(metas), 3, 2.0, 'cpu')
+    preds = (cls, boxes + [boxes[-1]])
+    before = gfl[1].fast_loss_stats.stock
+    assert_same(
+        run(gfl[0], preds, gts, metas, stock_loss(gfl[0])),
+        run(gfl[1], preds, gts, metas))
+    assert gfl[1].fast_loss_stats.stock == before + 1
     iou = twin_heads(num_classes=3, loss_bbox=dict(type='IoULoss'))
     assert atss.loss_reason(iou[1]) == 'loss_bbox is not GIoULoss'
     sizes, metas, gts = random_batch(1, iou[0], 'cpu')
@@ -333,8 +389,9 @@ def test_tood_losses_and_gradients_equal_stock_in_every_epoch(epoch):
         preds = tood_predictions(stock, sizes, len(metas), seed,
                                  [1.0, 6.0, 40.0][seed % 3])
         before = fast.fast_loss_stats.stock
-        ref = run(stock, preds, gts, metas, stock_loss(stock))
-        out = run(fast, preds, gts, metas)
+        sign = -1.0 if seed % 2 else 1.0
+        ref = run(stock, preds, gts, metas, stock_loss(stock), sign)
+        out = run(fast, preds, gts, metas, sign=sign)
         assert_same(ref, out)
         stock_way += fast.fast_loss_stats.stock - before
     assert fast.epoch == epoch and stock_way == 0

@@ -11,17 +11,16 @@ slices of stock's shapes, everything else once. Reasoning:
 """
 from typing import Any, List, Optional, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from fast_parallel.compat.targets import (is_upstream, replaced_reason,
                                           runs_forward_only, upstream)
-from fast_parallel.step.targets.atss.levels import (EPS, flat_levels,
+from fast_parallel.step.targets.atss.levels import (EPS, Positives,
+                                                    fill_levels, flat_levels,
                                                     giou_sums, level_sums,
-                                                    levelwise, number,
-                                                    positives, rows_of,
+                                                    levelwise, number, rows_of,
                                                     stock_tail,
                                                     targets_for_loss)
 
@@ -96,7 +95,7 @@ def gfl_loss_by_feat(
         return type(self).loss_by_feat(self, cls_scores, bbox_preds,
                                        batch_gt_instances, batch_img_metas,
                                        batch_gt_instances_ignore)
-    targets, avg_factor = targets_for_loss(self, cls_scores, bbox_preds,
+    targets, avg_factor = targets_for_loss(self, cls_scores, cls_scores,
                                            batch_gt_instances, batch_img_metas,
                                            batch_gt_instances_ignore)
     anchor_list, labels_list, label_weights_list, bbox_targets_list = targets
@@ -134,32 +133,28 @@ def _levels_at_once(self: Any, levels: tuple, rows: List[int],
         return None
     anchors = torch.cat([a.reshape(-1, 4) for a in anchor_list])
     cls_score = flat_levels(cls_scores, self.cls_out_channels)
-    bbox_pred = flat_levels(bbox_preds, 4 * bins)
     bbox_targets = torch.cat([t.reshape(-1, 4) for t in bbox_targets_list])
     labels = torch.cat([t.reshape(-1) for t in labels_list])
     label_weights = torch.cat([t.reshape(-1) for t in label_weights_list])
-    pos_inds, read = positives(labels, self.num_classes, rows)
+    pos = Positives(labels, self.num_classes, rows)
     score = label_weights.new_zeros(labels.shape)
     pred_sigmoid = levelwise(torch.sigmoid, rows, cls_score)
-    counts, pos_rows = [0] * len(rows), []
-    if pos_inds.numel():
-        weight_targets = pred_sigmoid.detach().max(dim=1)[0][pos_inds]
-        counts, (weighted, ) = read(weight_targets > 0)
-        if any(c and not w for c, w in zip(counts, weighted)):
+    if pos.inds.numel():
+        weight_targets = pred_sigmoid.detach().max(dim=1)[0][pos.inds]
+        weighted, = pos.read(weight_targets > 0)
+        if any(c and not w for c, w in zip(pos.counts, weighted)):
             return None  # GIoULoss's (pred * weight).sum() branch
-        pos_rows = [c for c in counts if c]
-        stride = np.repeat([float(s[0]) for s in strides], counts)
-        stride = torch.from_numpy(stride.astype(np.float32)).to(
-            anchors.device)[:, None]
-        pos_bbox_targets = bbox_targets[pos_inds]
-        pos_bbox_pred = bbox_pred[pos_inds]
-        pos_anchor_centers = self.anchor_center(anchors[pos_inds]) / stride
-        pos_bbox_pred_corners = levelwise(self.integral, pos_rows,
-                                          pos_bbox_pred)
+        pos_rows = pos.pos_rows
+        pos_bbox_targets = bbox_targets[pos.inds]
+        pos_bbox_pred = pos.gather(bbox_preds, 4 * bins)
+        pos_anchor_centers = pos.divide(
+            self.anchor_center(anchors[pos.inds]), strides)
+        pos_bbox_pred_corners = levelwise(
+            self.integral, pos_rows, pos_bbox_pred, everywhere=True)
         pos_decode_bbox_pred = self.bbox_coder.decode(pos_anchor_centers,
                                                       pos_bbox_pred_corners)
-        pos_decode_bbox_targets = pos_bbox_targets / stride
-        score[pos_inds] = upstream('bbox_overlaps')(
+        pos_decode_bbox_targets = pos.divide(pos_bbox_targets, strides)
+        score[pos.inds] = upstream('bbox_overlaps')(
             pos_decode_bbox_pred.detach(),
             pos_decode_bbox_targets,
             is_aligned=True)
@@ -174,22 +169,21 @@ def _levels_at_once(self: Any, levels: tuple, rows: List[int],
                        [4 * c for c in pos_rows])
         pos_sums = level_sums(weight_targets, pos_rows)
     loss_cls = qfl_sums(self.loss_cls, cls_score, pred_sigmoid, labels, score,
-                        label_weights, rows, pos_inds, pos_rows, avg_factor)
-    if all(counts):
+                        label_weights, rows, pos.inds, pos.pos_rows,
+                        avg_factor)
+    if all(pos.counts):
         return loss_cls.unbind(), pos_bbox, pos_dfl, pos_sums.unbind()
-    # levels without a positive: stock's zeros of the level's predictions
-    losses_bbox, losses_dfl, sums, at = [], [], [], 0
-    for i, count in enumerate(counts):
-        if count:
-            losses_bbox.append(pos_bbox[at])
-            losses_dfl.append(pos_dfl[at])
-            sums.append(pos_sums[at])
-            at += 1
-        else:
-            flat = bbox_preds[i].permute(0, 2, 3, 1).reshape(-1, 4 * bins)
-            losses_bbox.append(flat.sum() * 0)
-            losses_dfl.append(flat.sum() * 0)
-            sums.append(bbox_pred.new_tensor(0).sum())
+    # levels without a positive: stock's zeros of the level's predictions,
+    # on stock's flattening of the level, summed twice as stock sums it
+    flat = [
+        x.permute(0, 2, 3, 1).reshape(-1, 4 * bins) if not c else None
+        for x, c in zip(bbox_preds, pos.counts)
+    ]
+    found = [pos_bbox, pos_dfl, pos_sums] if pos.pos_rows else [None] * 3
+    losses_bbox, losses_dfl, sums = fill_levels(pos.counts, found, [
+        lambda i: flat[i].sum() * 0, lambda i: flat[i].sum() * 0,
+        lambda i: flat[i].new_tensor(0).sum()
+    ])
     return (loss_cls.unbind(), torch.stack(losses_bbox),
             torch.stack(losses_dfl), sums)
 
@@ -215,13 +209,14 @@ def qfl_sums(module: Any, pred: Tensor, pred_sigmoid: Tensor, label: Tensor,
     zerolabel = scale_factor.new_zeros(pred.shape)
     loss = levelwise(bce_none(bce), rows, pred, zerolabel) * power(
         scale_factor, beta, rows)
-    if pos_rows:
-        pos_label = label[pos].long()
-        scale_factor = score[pos] - pred_sigmoid[pos, pos_label]
-        loss[pos, pos_label] = levelwise(
-            bce_none(bce), pos_rows, pred[pos, pos_label], score[pos]) * power(
-                scale_factor.abs(), beta, pos_rows)
-    loss = levelwise(lambda x: x.sum(dim=1, keepdim=False), rows, loss)
+    # with no positive too, as stock (its empty gather adds a zero gradient)
+    pos_label = label[pos].long()
+    scale_factor = score[pos] - pred_sigmoid[pos, pos_label]
+    loss[pos, pos_label] = levelwise(
+        bce_none(bce), pos_rows, pred[pos, pos_label], score[pos]) * power(
+            scale_factor.abs(), beta, pos_rows)
+    loss = levelwise(
+        lambda x: x.sum(dim=1, keepdim=False), rows, loss, everywhere=True)
     loss = loss * weight
     return module.loss_weight * (level_sums(loss, rows) / (avg_factor + EPS))
 
@@ -243,7 +238,8 @@ def _dfl(module: Any, pred: Tensor, label: Tensor, weight: Tensor,
     def cross_entropy(p: Tensor, t: Tensor) -> Tensor:
         return F.cross_entropy(p, t, reduction='none')
 
-    loss = levelwise(cross_entropy, rows, pred, dis_left) * weight_left \
-        + levelwise(cross_entropy, rows, pred, dis_right) * weight_right
+    left = levelwise(cross_entropy, rows, pred, dis_left, everywhere=True)
+    right = levelwise(cross_entropy, rows, pred, dis_right, everywhere=True)
+    loss = left * weight_left + right * weight_right
     loss = loss * weight
     return module.loss_weight * (level_sums(loss, rows) / (4.0 + EPS))

@@ -7,6 +7,7 @@ scalar tail differ in the last bit per level on those slices, and
 :func:`level_sums` sums each level over its own slice: stock's bits.
 Reasoning: ``docs/targets_atss.md``.
 """
+import math
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -17,9 +18,9 @@ from torch import Tensor
 from fast_parallel.compat.targets import upstream
 
 __all__ = [
-    'EPS', 'centerness_target', 'flat_levels', 'focal_sums', 'giou_sums',
-    'level_sums', 'levelwise', 'number', 'positives', 'rows_of', 'stock_tail',
-    'targets_for_loss'
+    'EPS', 'Positives', 'centerness_target', 'flat_levels', 'focal_sums',
+    'fill_levels', 'giou_sums', 'level_sums', 'levelwise', 'number', 'rows_of',
+    'stock_tail', 'targets_for_loss'
 ]
 
 #: ``weight_reduce_loss``'s ``eps`` (mmdet 3.3.0).
@@ -31,15 +32,23 @@ def number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def levelwise(fn: Callable[..., Tensor], rows: Sequence[int], *tensors:
-              Tensor) -> Tensor:
+def levelwise(fn: Callable[..., Tensor],
+              rows: Sequence[int],
+              *tensors: Tensor,
+              everywhere: bool = False) -> Tensor:
     """``fn(*tensors)``, run per level on a CPU (``fn`` of each level's rows,
     views of stock's contiguous shape, then concatenated): the elements of a
-    CPU kernel's vector body and scalar tail are stock's. Elsewhere every
-    element runs the same function: one call."""
-    if tensors[0].device.type != 'cpu':
+    CPU kernel's vector body and scalar tail are stock's. Elsewhere an
+    elementwise ``fn`` runs the same function on every element: one call.
+    ``everywhere``: per level on every device, for an ``fn`` whose kernels
+    choose their order by the tensor's shape (row sums, ``linear``,
+    softmax): stock's shapes, stock's choice."""
+    cpu = tensors[0].device.type == 'cpu'
+    if not rows or (not cpu and not everywhere):  # no rows: empty tensors
         return fn(*tensors)
     parts = [t.split(list(rows)) for t in tensors]
+    if not cpu:  # a CUDA kernel may start on the pointer's alignment
+        parts = [[p.clone() for p in levels] for levels in parts]
     return torch.cat([fn(*level) for level in zip(*parts)])
 
 
@@ -61,18 +70,19 @@ def flat_levels(levels: Sequence[Tensor], width: int) -> Tensor:
 
 
 def targets_for_loss(self: Any, cls_scores: List[Tensor],
-                     bbox_preds: List[Tensor], gts: Sequence[Any],
+                     sized_by: List[Tensor], gts: Sequence[Any],
                      metas: List[dict],
                      ignores: Optional[Sequence[Any]]) -> Tuple[tuple, float]:
     """The start of stock's ``loss_by_feat``: the anchors and targets per
     level (``self.get_targets``: batched) and ``avg_factor`` as stock reads
-    it.
+    it; the feature map sizes of ``sized_by`` (ATSS: its boxes, GFL: its
+    scores, as each stock reads them).
 
     Returns:
         tuple: ``(anchor_list, labels_list, label_weights_list,
         bbox_targets_list)`` and the ``avg_factor``.
     """
-    featmap_sizes = [featmap.size()[-2:] for featmap in bbox_preds]
+    featmap_sizes = [featmap.size()[-2:] for featmap in sized_by]
     assert len(featmap_sizes) == self.prior_generator.num_levels
     device = cls_scores[0].device
     anchor_list, valid_flag_list = self.get_anchors(
@@ -137,28 +147,68 @@ def rows_of(cls_scores: Sequence[Tensor], bbox_preds: Sequence[Tensor],
     return rows
 
 
-def positives(labels: Tensor, num_classes: int,
-              rows: Sequence[int]) -> Tuple[Tensor, Callable]:
+class Positives:
     """Stock's positives of every level (``0 <= label < num_classes``), in
-    level order, and a reader of per-positive flags.
+    level order: ``inds`` into the concatenated levels; after :meth:`read`,
+    ``counts`` per level.
 
-    Returns:
-        tuple: ``pos_inds`` and ``read(*flags)``, which reads ``pos_inds`` and
-        the boolean ``flags`` (one per positive) in one host copy and returns
-        the positives per level and each flag's count per level.
+    Args:
+        labels (Tensor): The concatenated levels' labels.
+        num_classes (int): The background label.
+        rows (Sequence[int]): Each level's rows.
     """
-    pos_inds = ((labels >= 0) & (labels < num_classes)).nonzero().squeeze(1)
 
-    def read(*flags: Tensor) -> Tuple[List[int], List[np.ndarray]]:
-        host = torch.stack([pos_inds, *(f.long() for f in flags)])
+    def __init__(self, labels: Tensor, num_classes: int,
+                 rows: Sequence[int]) -> None:
+        self.rows = list(rows)
+        self.inds = ((labels >= 0) &
+                     (labels < num_classes)).nonzero().squeeze(1)
+        self.counts = [0] * len(self.rows)
+        self._host = np.zeros(0, dtype=np.int64)
+
+    def read(self, *flags: Tensor) -> List[np.ndarray]:
+        """Reads ``inds`` and the boolean ``flags`` (one per positive) in
+        one host copy; sets ``counts`` and returns each flag's count per
+        level."""
+        host = torch.stack([self.inds, *(f.long() for f in flags)])
         host = host.cpu().numpy()
-        level = np.searchsorted(np.cumsum(rows), host[0], side='right')
-        counts = np.bincount(level, minlength=len(rows))
-        return counts.tolist(), [
-            np.bincount(level, f, minlength=len(rows)) for f in host[1:]
+        self._host = host[0]
+        level = np.searchsorted(np.cumsum(self.rows), host[0], side='right')
+        self.counts = np.bincount(level, minlength=len(self.rows)).tolist()
+        return [
+            np.bincount(level, f, minlength=len(self.rows)) for f in host[1:]
         ]
 
-    return pos_inds, read
+    @property
+    def pos_rows(self) -> List[int]:
+        """The positives of each level that has any."""
+        return [c for c in self.counts if c]
+
+    def gather(self, levels: Sequence[Tensor], width: int) -> Tensor:
+        """The positives' rows of per-level predictions (flattened as
+        :func:`flat_levels`), gathered from the levels that have positives
+        only: a level without any gets no gradient from here, as in stock
+        (where its ``sum() * 0`` alone reaches it, a negative zero too)."""
+        keep = [i for i, c in enumerate(self.counts) if c]
+        flat = flat_levels([levels[i] for i in keep], width)
+        if len(keep) == len(self.rows):
+            return flat[self.inds]
+        empty = [0 if c else r for c, r in zip(self.counts, self.rows)]
+        before = np.cumsum([0] + empty)[keep]
+        local = self._host - np.repeat(before, self.pos_rows)
+        return flat[torch.from_numpy(local).to(self.inds.device)]
+
+    def divide(self, x: Tensor, strides: Sequence[Any]) -> Tensor:
+        """Each positive's row of ``x`` divided by its level's
+        ``stride[0]``, as stock divides by the Python number: a power of
+        two divides exactly by a column (CUDA multiplies by a scalar's
+        reciprocal, exact then), another stride per level."""
+        used = [s[0] for s, c in zip(strides, self.counts) if c]
+        if all(math.frexp(float(s))[0] == 0.5 for s in used):
+            column = np.repeat(np.float32(used), self.pos_rows)
+            return x / torch.from_numpy(column).to(x.device)[:, None]
+        return torch.cat(
+            [part / s for part, s in zip(x.split(self.pos_rows), used)])
 
 
 def giou_sums(module: Any, pred: Tensor, target: Tensor, weight: Tensor,
@@ -238,3 +288,19 @@ def centerness_target(anchors: Tensor, gts: Tensor) -> Tensor:
     top_bottom = torch.stack([t_, b_], dim=1)
     return torch.sqrt((left_right.min(dim=-1)[0] / left_right.max(dim=-1)[0]) *
                       (top_bottom.min(dim=-1)[0] / top_bottom.max(dim=-1)[0]))
+
+
+def fill_levels(
+        counts: Sequence[int], stacked: Sequence[Optional[Tensor]],
+        empty: Sequence[Callable[[int], Tensor]]) -> List[List[Tensor]]:
+    """Per kind of value, a list per level: ``stacked[k]``'s values (one per
+    level with positives, in order) where a level has positives, else
+    ``empty[k](level)`` (stock's value for a level without); ``stacked``
+    may be None where no level has positives."""
+    out: List[List[Tensor]] = [[] for _ in stacked]
+    at = 0
+    for level, count in enumerate(counts):
+        for values, kind, fill in zip(out, stacked, empty):
+            values.append(kind[at] if count else fill(level))
+        at += bool(count)
+    return out

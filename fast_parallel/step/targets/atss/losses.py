@@ -19,11 +19,12 @@ from torch import Tensor
 
 from fast_parallel.compat.targets import (is_upstream, replaced_reason,
                                           runs_forward_only, upstream)
-from fast_parallel.step.targets.atss.levels import (EPS, centerness_target,
-                                                    flat_levels, focal_sums,
-                                                    giou_sums, level_sums,
-                                                    levelwise, number,
-                                                    positives, rows_of,
+from fast_parallel.step.targets.atss.levels import (EPS, Positives,
+                                                    centerness_target,
+                                                    fill_levels, flat_levels,
+                                                    focal_sums, giou_sums,
+                                                    level_sums, levelwise,
+                                                    number, rows_of,
                                                     stock_tail,
                                                     targets_for_loss)
 
@@ -148,49 +149,41 @@ def _levels_at_once(self: Any, levels: tuple, rows: List[int],
     labels_list, label_weights_list, bbox_targets_list = levels[4:]
     anchors = torch.cat([a.reshape(-1, 4) for a in anchor_list])
     cls_score = flat_levels(cls_scores, self.cls_out_channels)
-    bbox_pred = flat_levels(bbox_preds, 4)
-    centerness = flat_levels(centernesses, 0)
     bbox_targets = torch.cat([t.reshape(-1, 4) for t in bbox_targets_list])
     labels = torch.cat([t.reshape(-1) for t in labels_list])
     label_weights = torch.cat([t.reshape(-1) for t in label_weights_list])
     loss_cls = focal_sums(self.loss_cls, cls_score, labels, label_weights,
                           rows, avg_factor).unbind()
-    pos_inds, read = positives(labels, self.num_classes, rows)
-    counts = [0] * len(rows)
-    if pos_inds.numel():
-        pos_bbox_targets = bbox_targets[pos_inds]
-        pos_anchors = anchors[pos_inds]
+    pos = Positives(labels, self.num_classes, rows)
+    if pos.inds.numel():
+        pos_bbox_targets = bbox_targets[pos.inds]
+        pos_anchors = anchors[pos.inds]
         centerness_targets = centerness_target(pos_anchors, pos_bbox_targets)
-        counts, (weighted, nans) = read(centerness_targets > 0,
-                                        torch.isnan(centerness_targets))
+        weighted, nans = pos.read(centerness_targets > 0,
+                                  torch.isnan(centerness_targets))
         assert not nans.any()  # stock's, in centerness_target
-        if any(c and not w for c, w in zip(counts, weighted)):
+        if any(c and not w for c, w in zip(pos.counts, weighted)):
             return None  # GIoULoss's (pred * weight).sum() branch
-        pos_rows = [c for c in counts if c]
         pos_decode_bbox_pred = _decode(self.bbox_coder, pos_anchors,
-                                       bbox_pred[pos_inds], pos_rows)
+                                       pos.gather(bbox_preds, 4), pos.pos_rows)
         pos_bbox = giou_sums(self.loss_bbox, pos_decode_bbox_pred,
-                             pos_bbox_targets, centerness_targets, pos_rows)
-        pos_ctr = _centerness_loss(self.loss_centerness, centerness[pos_inds],
-                                   centerness_targets, pos_rows, avg_factor)
-        pos_sums = level_sums(centerness_targets, pos_rows)
-    if all(counts):
+                             pos_bbox_targets, centerness_targets,
+                             pos.pos_rows)
+        pos_ctr = _centerness_loss(self.loss_centerness,
+                                   pos.gather(centernesses,
+                                              0), centerness_targets,
+                                   pos.pos_rows, avg_factor)
+        pos_sums = level_sums(centerness_targets, pos.pos_rows)
+    if all(pos.counts):
         return loss_cls, pos_bbox, pos_ctr.unbind(), pos_sums.unbind()
-    # levels without a positive: stock's zeros of the level's predictions
-    losses_bbox, losses_ctr, sums, at = [], [], [], 0
-    for i, count in enumerate(counts):
-        if count:
-            losses_bbox.append(pos_bbox[at])
-            losses_ctr.append(pos_ctr[at])
-            sums.append(pos_sums[at])
-            at += 1
-        else:
-            # stock's flattening of the level (a view for one image)
-            losses_bbox.append(
-                bbox_preds[i].permute(0, 2, 3, 1).reshape(-1, 4).sum() * 0)
-            losses_ctr.append(
-                centernesses[i].permute(0, 2, 3, 1).reshape(-1).sum() * 0)
-            sums.append(bbox_targets.new_tensor(0.).sum())
+    # levels without a positive: stock's zeros of the level's predictions,
+    # on stock's flattening of the level (a view for one image)
+    found = [pos_bbox, pos_ctr, pos_sums] if pos.pos_rows else [None] * 3
+    losses_bbox, losses_ctr, sums = fill_levels(pos.counts, found, [
+        lambda i: bbox_preds[i].permute(0, 2, 3, 1).reshape(-1, 4).sum() * 0,
+        lambda i: centernesses[i].permute(0, 2, 3, 1).reshape(-1).sum() * 0,
+        lambda i: bbox_targets.new_tensor(0.).sum()
+    ])
     return loss_cls, torch.stack(losses_bbox), losses_ctr, sums
 
 

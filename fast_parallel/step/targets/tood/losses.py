@@ -10,7 +10,6 @@ concatenated levels as the ATSS family's losses do
 """
 from typing import Any, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -18,10 +17,12 @@ from fast_parallel.compat.targets import (is_upstream, replaced_reason,
                                           runs_forward_only, upstream)
 from fast_parallel.outcome import Outcome
 from fast_parallel.step.targets.atss.gfl_losses import qfl_sums
-from fast_parallel.step.targets.atss.levels import (centerness_target,
-                                                    flat_levels, focal_sums,
-                                                    giou_sums, level_sums,
-                                                    number, positives, rows_of)
+from fast_parallel.step.targets.atss.levels import (Positives,
+                                                    centerness_target,
+                                                    fill_levels, flat_levels,
+                                                    focal_sums, giou_sums,
+                                                    level_sums, number,
+                                                    rows_of)
 from fast_parallel.step.targets.stats import TargetStats
 
 __all__ = ['loss_by_feat', 'loss_part', 'tood_loss_reason']
@@ -170,47 +171,39 @@ def _levels_at_once(self: Any, levels: tuple,
     initial = self.epoch < self.initial_epoch
     anchors = torch.cat([a.reshape(-1, 4) for a in anchor_list])
     cls_score = flat_levels(cls_scores, self.cls_out_channels)
-    bbox_pred = flat_levels(bbox_preds, 4)
     bbox_targets = torch.cat([t.reshape(-1, 4) for t in bbox_targets_list])
     labels = torch.cat([t.reshape(-1) for t in labels_list])
     metrics = torch.cat([t.reshape(-1) for t in metrics_list])
     label_weights = torch.cat([t.reshape(-1) for t in label_weights_list])
-    pos_inds, read = positives(labels, self.num_classes, rows)
-    counts, pos_rows = [0] * len(rows), []
-    if pos_inds.numel():
-        pos_bbox_targets = bbox_targets[pos_inds]
-        weight = centerness_target(anchors[pos_inds], pos_bbox_targets) \
-            if initial else metrics[pos_inds]
-        counts, (weighted, nans) = read(weight > 0, torch.isnan(weight))
+    pos = Positives(labels, self.num_classes, rows)
+    if pos.inds.numel():
+        pos_bbox_targets = bbox_targets[pos.inds]
+        weight = centerness_target(anchors[pos.inds], pos_bbox_targets) \
+            if initial else metrics[pos.inds]
+        weighted, nans = pos.read(weight > 0, torch.isnan(weight))
         assert not (initial and nans.any())  # stock's, in centerness_target
-        if any(c and not w for c, w in zip(counts, weighted)):
+        if any(c and not w for c, w in zip(pos.counts, weighted)):
             return None  # GIoULoss's (pred * weight).sum() branch
-        pos_rows = [c for c in counts if c]
-        stride = np.repeat([float(s[0]) for s in strides], counts)
-        stride = torch.from_numpy(stride.astype(np.float32)).to(
-            anchors.device)[:, None]
-        pos_bbox = giou_sums(self.loss_bbox, bbox_pred[pos_inds],
-                             pos_bbox_targets / stride, weight, pos_rows)
-        pos_sums = level_sums(weight, pos_rows)
+        pos_bbox = giou_sums(self.loss_bbox, pos.gather(bbox_preds, 4),
+                             pos.divide(pos_bbox_targets, strides), weight,
+                             pos.pos_rows)
+        pos_sums = level_sums(weight, pos.pos_rows)
     if initial:
         loss_cls = focal_sums(self.initial_loss_cls, cls_score, labels,
                               label_weights, rows, 1.0)
     else:
         loss_cls = qfl_sums(self.loss_cls, cls_score, cls_score, labels,
-                            metrics, label_weights, rows, pos_inds, pos_rows,
-                            1.0)
-    metric_sums = level_sums(metrics, rows).unbind()
-    if all(counts):
+                            metrics, label_weights, rows, pos.inds,
+                            pos.pos_rows, 1.0)
+    # stock's own per-level tensors (for one image a view at an offset)
+    metric_sums = [m.reshape(-1).sum() for m in metrics_list]
+    if all(pos.counts):
         return loss_cls, pos_bbox, metric_sums, pos_sums.unbind()
-    # levels without a positive: stock's zeros of the level's predictions
-    losses_bbox, sums, at = [], [], 0
-    for i, count in enumerate(counts):
-        if count:
-            losses_bbox.append(pos_bbox[at])
-            sums.append(pos_sums[at])
-            at += 1
-        else:
-            flat = bbox_preds[i].permute(0, 2, 3, 1).reshape(-1, 4)
-            losses_bbox.append(flat.sum() * 0)
-            sums.append(bbox_targets.new_tensor(0.).sum())
+    # levels without a positive: stock's zeros of the level's predictions,
+    # on stock's flattening of the level (a view for one image)
+    found = [pos_bbox, pos_sums] if pos.pos_rows else [None] * 2
+    losses_bbox, sums = fill_levels(pos.counts, found, [
+        lambda i: bbox_preds[i].permute(0, 2, 3, 1).reshape(-1, 4).sum() * 0,
+        lambda i: bbox_targets.new_tensor(0.).sum()
+    ])
     return loss_cls, torch.stack(losses_bbox), metric_sums, sums
