@@ -21,6 +21,7 @@ from fast_parallel.compat.targets import (replaced_reason, targets_single,
 from fast_parallel.outcome import Outcome
 from fast_parallel.step.targets.atss.gfl_losses import (gfl_loss_by_feat,
                                                         gfl_loss_reason)
+from fast_parallel.step.targets.atss.levels import losses_part
 from fast_parallel.step.targets.atss.losses import (atss_loss_by_feat,
                                                     loss_reason)
 from fast_parallel.step.targets.atss.targets import atss_targets
@@ -72,17 +73,10 @@ def loss_by_feat(self: Any, *args: Any, **kwargs: Any) -> dict:
 
 def loss_part(head: Any) -> Tuple[Outcome, TargetStats]:
     """The losses' part of the start line for a switched ``ATSSHead`` or
-    ``GFLHead``, and their counter (``head.fast_loss_stats``, per batch),
-    made once."""
-    label = f'{type(head).__name__} losses'
-    stats = getattr(head, 'fast_loss_stats', None)
-    if not isinstance(stats, TargetStats):
-        stats = head.fast_loss_stats = TargetStats(label, 'batches')
+    ``GFLHead``, and their counter."""
     gfl = type(head) is upstream('GFLHead')
-    why = gfl_loss_reason(head) if gfl else loss_reason(head)
-    if why is None:
-        return Outcome(label, True, text=f'{label} over levels at once'), stats
-    return Outcome(label, False, why, text=f'{label} per level ({why})'), stats
+    return losses_part(head,
+                       gfl_loss_reason(head) if gfl else loss_reason(head))
 
 
 def supported(head: Any) -> Optional[str]:

@@ -15,12 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fast_parallel.compat.targets import (is_upstream, replaced_reason,
-                                          runs_forward_only, upstream)
+from fast_parallel.compat.targets import is_upstream, replaced_reason, upstream
 from fast_parallel.step.targets.atss.levels import (EPS, Positives,
                                                     fill_levels, flat_levels,
-                                                    giou_sums, level_sums,
-                                                    levelwise, number, rows_of,
+                                                    giou_sums,
+                                                    head_losses_reason,
+                                                    level_sums, levelwise,
+                                                    number, rows_of,
                                                     stock_tail,
                                                     targets_for_loss)
 
@@ -32,26 +33,20 @@ __all__ = [
 def gfl_loss_reason(head: Any) -> Optional[str]:
     """None when :func:`gfl_loss_by_feat` is exact for this ``GFLHead``'s
     options, else why its losses stay per level (for the log)."""
-    if type(head) is not upstream('GFLHead'):
-        return f'{type(head).__name__} is not GFLHead'
-    why = replaced_reason((head, 'GFLHead.loss'))
+    cls, dfl = head.loss_cls, head.loss_dfl
+    why = head_losses_reason(
+        head,
+        'GFLHead', (cls, head.loss_bbox, dfl, head.integral),
+        strides=True)
     if why:
         return why
-    cls, box, dfl = head.loss_cls, head.loss_bbox, head.loss_dfl
     if not is_upstream(cls, 'QualityFocalLoss') or not cls.use_sigmoid or \
             cls.activated or not number(cls.beta) or \
             not number(cls.loss_weight):
         return 'loss_cls is not a sigmoid QualityFocalLoss'
-    if not is_upstream(box, 'GIoULoss') or not number(box.loss_weight) \
-            or not number(box.eps):
-        return 'loss_bbox is not GIoULoss'
     if not is_upstream(dfl, 'DistributionFocalLoss') or \
             not number(dfl.loss_weight):
         return 'loss_dfl is not DistributionFocalLoss'
-    if any(m.reduction != 'mean' for m in (cls, box, dfl)):
-        return 'a loss with reduction other than mean'
-    if not all(runs_forward_only(m) for m in (cls, box, dfl, head.integral)):
-        return 'a loss module or Integral with hooks or its own forward'
     coder = head.bbox_coder
     if not is_upstream(coder, 'DistancePointBBoxCoder') or \
             getattr(coder, 'use_box_type', False) or \
@@ -60,11 +55,6 @@ def gfl_loss_reason(head: Any) -> Optional[str]:
     if not is_upstream(head.integral, 'Integral') or \
             type(head.reg_max) is not int:
         return 'integral is not Integral'
-    if head.cls_out_channels != head.num_classes:
-        return 'cls_out_channels is not num_classes'
-    strides = head.prior_generator.strides
-    if not all(number(s[0]) and s[0] == s[1] for s in strides):
-        return 'strides that are not one number per level'
     return None
 
 

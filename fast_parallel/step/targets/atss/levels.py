@@ -15,7 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fast_parallel.compat.targets import upstream
+from fast_parallel.compat.targets import (is_upstream, replaced_reason,
+                                          runs_forward_only, upstream)
+from fast_parallel.outcome import Outcome
+from fast_parallel.step.targets.stats import TargetStats
 
 __all__ = [
     'EPS', 'Positives', 'centerness_target', 'flat_levels', 'focal_sums',
@@ -30,6 +33,50 @@ EPS = torch.finfo(torch.float32).eps
 def number(value: Any) -> bool:
     """Whether ``value`` is an int or float (not a bool)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def head_losses_reason(head: Any, upstream_head: str, losses: Sequence[Any],
+                       strides: bool) -> Optional[str]:
+    """The checks every head's losses at once share: the exact head class,
+    none of its loss methods (``STANDS_FOR['<head>.loss']``) set on the
+    instance, ``loss_bbox`` a ``GIoULoss``, ``losses`` (the head's loss
+    modules, and GFL's ``Integral``) with ``reduction='mean'`` where they
+    have one and nothing run around their ``forward``, sigmoid classes and,
+    where the losses divide by strides, one number per level. None, or why
+    not."""
+    if type(head) is not upstream(upstream_head):
+        return f'{type(head).__name__} is not {upstream_head}'
+    why = replaced_reason((head, f'{upstream_head}.loss'))
+    if why:
+        return why
+    box = head.loss_bbox
+    if not is_upstream(box, 'GIoULoss') or not number(box.loss_weight) \
+            or not number(box.eps):
+        return 'loss_bbox is not GIoULoss'
+    if any(getattr(m, 'reduction', 'mean') != 'mean' for m in losses):
+        return 'a loss with reduction other than mean'
+    if not all(runs_forward_only(m) for m in losses):
+        return 'a loss module with hooks or its own forward'
+    if head.cls_out_channels != head.num_classes:
+        return 'cls_out_channels is not num_classes'
+    if strides and not all(
+            number(s[0]) and s[0] == s[1]
+            for s in head.prior_generator.strides):
+        return 'strides that are not one number per level'
+    return None
+
+
+def losses_part(head: Any, why: Optional[str]) -> Tuple[Outcome, TargetStats]:
+    """The losses' part of the start line for a switched head
+    (``<Head> losses over levels at once``, or ``... per level (why)``), and
+    their counter (``head.fast_loss_stats``, per batch), made once."""
+    label = f'{type(head).__name__} losses'
+    stats = getattr(head, 'fast_loss_stats', None)
+    if not isinstance(stats, TargetStats):
+        stats = head.fast_loss_stats = TargetStats(label, 'batches')
+    if why is None:
+        return Outcome(label, True, text=f'{label} over levels at once'), stats
+    return Outcome(label, False, why, text=f'{label} per level ({why})'), stats
 
 
 def levelwise(fn: Callable[..., Tensor],

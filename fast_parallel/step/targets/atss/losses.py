@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fast_parallel.compat.targets import (is_upstream, replaced_reason,
-                                          runs_forward_only, upstream)
+from fast_parallel.compat.targets import is_upstream, replaced_reason, upstream
 from fast_parallel.step.targets.atss.levels import (EPS, Positives,
                                                     centerness_target,
                                                     fill_levels, flat_levels,
                                                     focal_sums, giou_sums,
+                                                    head_losses_reason,
                                                     level_sums, levelwise,
                                                     number, rows_of,
                                                     stock_tail,
@@ -34,34 +34,24 @@ __all__ = ['atss_loss_by_feat', 'loss_reason']
 def loss_reason(head: Any) -> Optional[str]:
     """None when :func:`atss_loss_by_feat` is exact for this ``ATSSHead``'s
     options, else why its losses stay per level (for the log)."""
-    if type(head) is not upstream('ATSSHead'):
-        return f'{type(head).__name__} is not ATSSHead'
-    why = replaced_reason((head, 'ATSSHead.loss'))
+    cls, ctr = head.loss_cls, head.loss_centerness
+    why = head_losses_reason(
+        head, 'ATSSHead', (cls, head.loss_bbox, ctr), strides=False)
     if why:
         return why
-    cls, box, ctr = head.loss_cls, head.loss_bbox, head.loss_centerness
     if not is_upstream(cls, 'FocalLoss') or not cls.use_sigmoid or \
             cls.activated or not all(
                 number(v) for v in (cls.gamma, cls.alpha, cls.loss_weight)):
         return 'loss_cls is not a sigmoid FocalLoss'
-    if not is_upstream(box, 'GIoULoss') or not number(box.loss_weight) \
-            or not number(box.eps):
-        return 'loss_bbox is not GIoULoss'
     if not is_upstream(ctr, 'CrossEntropyLoss') or not ctr.use_sigmoid or \
             ctr.class_weight is not None or not number(ctr.loss_weight) \
             or not (ctr.ignore_index is None or type(ctr.ignore_index) is int):
         return 'loss_centerness is not a sigmoid CrossEntropyLoss'
-    if any(m.reduction != 'mean' for m in (cls, box, ctr)):
-        return 'a loss with reduction other than mean'
-    if not all(runs_forward_only(m) for m in (cls, box, ctr)):
-        return 'a loss module with hooks or its own forward'
     coder = head.bbox_coder
     if not is_upstream(coder, 'DeltaXYWHBBoxCoder') or coder.add_ctr_clamp \
             or getattr(coder, 'use_box_type', False) or \
             replaced_reason((coder, 'DeltaXYWHBBoxCoder')):
         return 'bbox_coder is not a plain DeltaXYWHBBoxCoder'
-    if head.cls_out_channels != head.num_classes:
-        return 'cls_out_channels is not num_classes'
     return None
 
 

@@ -13,16 +13,16 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from fast_parallel.compat.targets import (is_upstream, replaced_reason,
-                                          runs_forward_only, upstream)
+from fast_parallel.compat.targets import is_upstream, upstream
 from fast_parallel.outcome import Outcome
 from fast_parallel.step.targets.atss.gfl_losses import qfl_sums
 from fast_parallel.step.targets.atss.levels import (Positives,
                                                     centerness_target,
                                                     fill_levels, flat_levels,
                                                     focal_sums, giou_sums,
-                                                    level_sums, number,
-                                                    rows_of)
+                                                    head_losses_reason,
+                                                    level_sums, losses_part,
+                                                    number, rows_of)
 from fast_parallel.step.targets.stats import TargetStats
 
 __all__ = ['loss_by_feat', 'loss_part', 'tood_loss_reason']
@@ -31,12 +31,11 @@ __all__ = ['loss_by_feat', 'loss_part', 'tood_loss_reason']
 def tood_loss_reason(head: Any) -> Optional[str]:
     """None when :func:`loss_by_feat` is exact for this ``TOODHead``'s
     options, else why its losses stay per level (for the log)."""
-    if type(head) is not upstream('TOODHead'):
-        return f'{type(head).__name__} is not TOODHead'
-    why = replaced_reason((head, 'TOODHead.loss'))
+    first, cls = head.initial_loss_cls, head.loss_cls
+    why = head_losses_reason(
+        head, 'TOODHead', (first, cls, head.loss_bbox), strides=True)
     if why:
         return why
-    first, cls, box = head.initial_loss_cls, head.loss_cls, head.loss_bbox
     if not is_upstream(first, 'FocalLoss') or not first.use_sigmoid or \
             not first.activated or not all(
                 number(v) for v in (first.gamma, first.alpha,
@@ -46,32 +45,13 @@ def tood_loss_reason(head: Any) -> Optional[str]:
             not cls.activated or not number(cls.beta) or \
             not number(cls.loss_weight):
         return 'loss_cls is not a QualityFocalLoss on probabilities'
-    if not is_upstream(box, 'GIoULoss') or not number(box.loss_weight) \
-            or not number(box.eps):
-        return 'loss_bbox is not GIoULoss'
-    if any(m.reduction != 'mean' for m in (first, cls, box)):
-        return 'a loss with reduction other than mean'
-    if not all(runs_forward_only(m) for m in (first, cls, box)):
-        return 'a loss module with hooks or its own forward'
-    if head.cls_out_channels != head.num_classes:
-        return 'cls_out_channels is not num_classes'
-    strides = head.prior_generator.strides
-    if not all(number(s[0]) and s[0] == s[1] for s in strides):
-        return 'strides that are not one number per level'
     return None
 
 
 def loss_part(head: Any) -> Tuple[Outcome, TargetStats]:
     """The losses' part of the start line for a switched ``TOODHead``, and
-    their counter (``head.fast_loss_stats``, per batch), made once."""
-    label = 'TOODHead losses'
-    stats = getattr(head, 'fast_loss_stats', None)
-    if not isinstance(stats, TargetStats):
-        stats = head.fast_loss_stats = TargetStats(label, 'batches')
-    why = tood_loss_reason(head)
-    if why is None:
-        return Outcome(label, True, text=f'{label} over levels at once'), stats
-    return Outcome(label, False, why, text=f'{label} per level ({why})'), stats
+    their counter."""
+    return losses_part(head, tood_loss_reason(head))
 
 
 def loss_by_feat(
