@@ -146,6 +146,8 @@ RANDOM_SAMPLER_METHODS = ('sample', '_sample_pos', '_sample_neg',
 
 #: Per upstream class: the methods a batched family stands for. One of them
 #: set on an instance (someone else's per-instance change) keeps it stock.
+#: ``'<Head>.loss'``: the methods the head's losses of every level at once
+#: stand for (they keep only the losses per level).
 STANDS_FOR: Dict[str, Tuple[str, ...]] = {
     'YOLOXHead':
     YOLOX_HEAD_METHODS,

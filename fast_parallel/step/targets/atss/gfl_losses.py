@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fast_parallel.compat.targets import is_upstream, replaced_reason, upstream
+# yapf: disable
 from fast_parallel.step.targets.atss.levels import (EPS, Positives,
                                                     fill_levels, flat_levels,
                                                     giou_sums,
@@ -24,6 +25,8 @@ from fast_parallel.step.targets.atss.levels import (EPS, Positives,
                                                     number, rows_of,
                                                     stock_tail,
                                                     targets_for_loss)
+
+# yapf: enable
 
 __all__ = [
     'bce_none', 'gfl_loss_by_feat', 'gfl_loss_reason', 'power', 'qfl_sums'

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fast_parallel.compat.targets import is_upstream, replaced_reason, upstream
+# yapf: disable
 from fast_parallel.step.targets.atss.levels import (EPS, Positives,
                                                     centerness_target,
                                                     fill_levels, flat_levels,
@@ -27,6 +28,8 @@ from fast_parallel.step.targets.atss.levels import (EPS, Positives,
                                                     number, rows_of,
                                                     stock_tail,
                                                     targets_for_loss)
+
+# yapf: enable
 
 __all__ = ['atss_loss_by_feat', 'loss_reason']
 

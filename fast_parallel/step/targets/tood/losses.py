@@ -16,6 +16,7 @@ from torch import Tensor
 from fast_parallel.compat.targets import is_upstream, upstream
 from fast_parallel.outcome import Outcome
 from fast_parallel.step.targets.atss.gfl_losses import qfl_sums
+# yapf: disable
 from fast_parallel.step.targets.atss.levels import (Positives,
                                                     centerness_target,
                                                     fill_levels, flat_levels,
@@ -23,6 +24,7 @@ from fast_parallel.step.targets.atss.levels import (Positives,
                                                     head_losses_reason,
                                                     level_sums, losses_part,
                                                     number, rows_of)
+# yapf: enable
 from fast_parallel.step.targets.stats import TargetStats
 
 __all__ = ['loss_by_feat', 'loss_part', 'tood_loss_reason']
