@@ -21,7 +21,7 @@ from fast_parallel.compat.targets import (replaced_reason, targets_single,
 from fast_parallel.outcome import Outcome
 from fast_parallel.step.targets.atss.gfl_losses import (gfl_loss_by_feat,
                                                         gfl_loss_reason)
-from fast_parallel.step.targets.atss.levels import losses_part
+from fast_parallel.step.targets.atss.levels import losses_part, number
 from fast_parallel.step.targets.atss.losses import (atss_loss_by_feat,
                                                     loss_reason)
 from fast_parallel.step.targets.atss.targets import atss_targets
@@ -38,10 +38,6 @@ __all__ = [
 ]
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def assigner_reason(assigner: Any) -> Optional[str]:
     """None for an ``ATSSAssigner`` the batched assignment reproduces."""
     if type(assigner) is not upstream('ATSSAssigner'):
@@ -53,7 +49,7 @@ def assigner_reason(assigner: Any) -> Optional[str]:
         return 'ATSSAssigner.alpha is set (DDOD\'s cost-based assignment)'
     if type(assigner.topk) is not int or assigner.topk < 1:
         return 'ATSSAssigner.topk is not a positive int'
-    if not _number(assigner.ignore_iof_thr) or assigner.ignore_iof_thr > 0:
+    if not number(assigner.ignore_iof_thr) or assigner.ignore_iof_thr > 0:
         return 'ATSSAssigner.ignore_iof_thr > 0 (ignore boxes read)'
     iou = assigner.iou_calculator
     if type(iou) is not upstream('BboxOverlaps2D'):
@@ -109,7 +105,7 @@ def head_reason(head: Any) -> Optional[str]:
         return f'bbox_coder {type(head.bbox_coder).__name__} is not ' \
             'DeltaXYWHBBoxCoder'
     for key in ('pos_weight', 'allowed_border'):
-        if not _number(head.train_cfg.get(key, None)):
+        if not number(head.train_cfg.get(key, None)):
             return f'train_cfg.{key} is not a number'
     if type(head.num_classes) is not int:
         return 'num_classes is not an int'

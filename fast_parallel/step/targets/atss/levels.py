@@ -21,9 +21,9 @@ from fast_parallel.outcome import Outcome
 from fast_parallel.step.targets.stats import TargetStats
 
 __all__ = [
-    'EPS', 'Positives', 'centerness_target', 'flat_levels', 'focal_sums',
-    'fill_levels', 'giou_sums', 'level_sums', 'levelwise', 'number', 'rows_of',
-    'stock_tail', 'targets_for_loss'
+    'EPS', 'Positives', 'centerness_target', 'fill_levels', 'flat_levels',
+    'focal_sums', 'giou_sums', 'head_losses_reason', 'level_sums', 'levelwise',
+    'losses_part', 'number', 'rows_of', 'stock_tail', 'targets_for_loss'
 ]
 
 #: ``weight_reduce_loss``'s ``eps`` (mmdet 3.3.0).
@@ -90,23 +90,25 @@ def levelwise(fn: Callable[..., Tensor],
     ``everywhere``: per level on every device, for an ``fn`` whose kernels
     choose their order by the tensor's shape (row sums, ``linear``,
     softmax): stock's shapes, stock's choice."""
-    cpu = tensors[0].device.type == 'cpu'
-    if not rows or (not cpu and not everywhere):  # no rows: empty tensors
-        return fn(*tensors)
-    parts = [t.split(list(rows)) for t in tensors]
-    if not cpu:  # a CUDA kernel may start on the pointer's alignment
-        parts = [[p.clone() for p in levels] for levels in parts]
+    if not rows or (tensors[0].device.type != 'cpu' and not everywhere):
+        return fn(*tensors)  # no rows: empty tensors
+    parts = [_slices(t, rows) for t in tensors]
     return torch.cat([fn(*level) for level in zip(*parts)])
 
 
-def level_sums(x: Tensor, rows: Sequence[int]) -> Tensor:
-    """Each level's ``sum()``, stacked. On a CPU the sum of a contiguous
-    slice is the sum of the same tensor alone; a CUDA reduction may start on
-    the pointer's alignment, so each level is a fresh tensor there."""
-    parts = x.split(list(rows))
+def _slices(x: Tensor, rows: Sequence[int]) -> List[Tensor]:
+    """Each level's rows of ``x``: views on a CPU, where a kernel runs on a
+    contiguous slice as on the same tensor alone; fresh tensors elsewhere
+    (a CUDA kernel may start on the pointer's alignment)."""
+    parts = list(x.split(list(rows)))
     if x.device.type != 'cpu':
         parts = [p.clone() for p in parts]
-    return torch.stack([p.sum() for p in parts])
+    return parts
+
+
+def level_sums(x: Tensor, rows: Sequence[int]) -> Tensor:
+    """Each level's ``sum()`` (over :func:`_slices`), stacked."""
+    return torch.stack([p.sum() for p in _slices(x, rows)])
 
 
 def flat_levels(levels: Sequence[Tensor], width: int) -> Tensor:
