@@ -29,11 +29,15 @@ def dataloader_class(name: str) -> type:
 
 
 #: What the fast iterators use of torch's: (class name, attribute).
-_ITERATOR_METHODS = (('_BaseDataLoaderIter',
-                      '_next_data'), ('_BaseDataLoaderIter', '_reset'),
-                     ('_MultiProcessingDataLoaderIter',
-                      '_shutdown_workers'), ('DataLoader', '_get_iterator'),
-                     ('DataLoader', 'check_worker_number_rationality'))
+_ITERATOR_METHODS = (
+    ('_BaseDataLoaderIter', '_next_data'),
+    ('_BaseDataLoaderIter', '_reset'),
+    ('_MultiProcessingDataLoaderIter', '_shutdown_workers'),
+    ('_MultiProcessingDataLoaderIter', '_try_get_data'),
+    ('_MultiProcessingDataLoaderIter', '_mark_worker_as_unavailable'),
+    ('DataLoader', '_get_iterator'),
+    ('DataLoader', 'check_worker_number_rationality'),
+)
 #: Attributes torch's iterators set in ``__init__`` that fast_parallel reads.
 _ITERATOR_STATE = ('_base_seed', '_sampler_iter', '_num_yielded',
                    '_dataset_kind')
@@ -223,11 +227,54 @@ def fast_iterator_classes(inherited_seed: Callable[[Any], Optional[int]],
                             _InheritedSeed):
         pass
 
-    class MultiProcessingIter(_NextWithoutProfilerScope, _HandOut, multi,
-                              _InheritedSeed):
+    class MultiProcessingIter(_NextWithoutProfilerScope, _HandOut,
+                              _WorkerDeathNamed, multi, _InheritedSeed):
         pass
 
     return SingleProcessIter, MultiProcessingIter
+
+
+#: How long a failed receive waits for a worker's death to show (seconds).
+_DEATH_WAIT_S = 5.0
+
+
+class _WorkerDeathNamed:
+    """torch's ``_try_get_data``, but a worker killed while its batch is
+    received is named as torch names it, not left as a bare socket error.
+
+    A batch's shared memory comes over a socket from the worker that made
+    it. Killed in that moment, the worker resets the socket before the
+    kernel shows it dead, so torch's check (``is_alive()`` of each worker,
+    at once) finds none dead and re-raises the ``ConnectionResetError`` /
+    ``EOFError``. Here the check waits up to ``_DEATH_WAIT_S`` for a death
+    to show, then raises torch's own ``RuntimeError('DataLoader worker
+    (pid(s) ...) exited unexpectedly')`` from the socket error; with no
+    death, the socket error as torch raises it.
+    """
+
+    def _try_get_data(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super()._try_get_data(*args, **kwargs)
+        except (ConnectionError, EOFError) as error:
+            import time
+            workers = private(self, '_workers', 'torch', _LOADER_USE)
+            running = private(self, '_workers_status', 'torch', _LOADER_USE)
+            until = time.monotonic() + _DEATH_WAIT_S
+            while True:
+                dead = [
+                    i for i, w in enumerate(workers)
+                    if running[i] and not w.is_alive()
+                ]
+                if dead or time.monotonic() > until:
+                    break
+                time.sleep(0.01)
+            if not dead:
+                raise
+            for i in dead:
+                self._mark_worker_as_unavailable(i)
+            pids = ', '.join(str(workers[i].pid) for i in dead)
+            raise RuntimeError(f'DataLoader worker (pid(s) {pids}) exited '
+                               'unexpectedly') from error
 
 
 def dispatch_mode_class() -> type:
