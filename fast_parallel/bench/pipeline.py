@@ -264,15 +264,25 @@ def _compare(cfg: Any, samples: int, seed: int, rounds: int) -> dict:
 
 def _warm_cache(dataset: Any) -> None:
     """Decodes every image (and reads every gt-database file) of
-    ``dataset`` once into its cache (a run's first epoch), leaving the
-    random states as they were."""
+    ``dataset`` once into its cache, with Mosaic's and MixUp's resizes
+    where those are kept (a run's first epoch), leaving the random states
+    as they were."""
     from fast_parallel.pipeline.cache import FastLoadImageFromFile
+    from fast_parallel.pipeline.fit_cache import fit_size
     from fast_parallel.pipeline.switch import _pipelines
+    fits = [
+        t._fp_fit for _, transforms in _pipelines(dataset) for t in transforms
+        if getattr(t, '_fp_fit', None) is not None
+    ]
     for holder, transforms in _pipelines(dataset):
         for load in transforms:
             if type(load) is FastLoadImageFromFile:
                 for i in range(len(holder)):
-                    load(holder.get_data_info(i))
+                    loaded = load(holder.get_data_info(i))
+                    for fit in fits if loaded is not None else ():
+                        # and its Mosaic / MixUp resize, where kept
+                        fit.resized(loaded, loaded['img'],
+                                    fit_size(loaded['img'].shape, fit.scale))
             loader = getattr(
                 getattr(load, 'db_sampler', None), 'points_loader', None)
             cache = getattr(loader, '_fp_cache', None)

@@ -12,14 +12,16 @@ failed decode is never cached. How it is sized and installed:
 import mmap
 import multiprocessing
 import os
-from typing import Any, Dict, Optional, Sequence
+import weakref
+from types import SimpleNamespace
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 from mmcv.transforms import LoadImageFromFile
 
 from fast_parallel.pipeline.stats import count
 
-__all__ = ['DTYPES', 'DecodedCache', 'FastLoadImageFromFile']
+__all__ = ['DTYPES', 'DecodedCache', 'FastLoadImageFromFile', 'lent']
 
 # one row per image: state, offset, nbytes, dtype number, ndim, shape (3),
 # file size, file mtime (ns)
@@ -31,6 +33,27 @@ _WRITING = 2  # space taken by one writer: the others leave it
 #: The dtypes a decode gives (mmcv's backends); others are not cached.
 DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32),
           np.dtype(np.int16), np.dtype(np.float64), np.dtype(np.int32))
+
+#: Every cache's memory, to tell the arrays it lends (:func:`lent`).
+_MAPS: 'weakref.WeakValueDictionary[int, Any]' = weakref.WeakValueDictionary()
+
+
+def lent(array: np.ndarray) -> bool:
+    """Whether ``array`` is a read-only view of a cache's memory
+    (:meth:`DecodedCache.view`), lent to a reader that never writes it."""
+    if array.flags.writeable:
+        return False
+    root = _root(array)
+    return root is not None and _MAPS.get(id(root)) is root
+
+
+def _root(array: np.ndarray) -> Any:
+    """What holds the memory of ``array`` (the end of its ``base`` chain).
+    """
+    root = array
+    while isinstance(root, np.ndarray):
+        root = root.base
+    return root
 
 
 class DecodedCache:
@@ -48,6 +71,8 @@ class DecodedCache:
         self._data_map = mmap.mmap(-1, max(self.capacity, 1))
         self._table_map = mmap.mmap(-1, max(len(paths), 1) * _ROW * 8 + 8)
         self.data = np.frombuffer(self._data_map, np.uint8)
+        memory = _root(self.data)  # (numpy's buffer over the map)
+        _MAPS[id(memory)] = memory
         table = np.frombuffer(self._table_map, np.int64)
         self.top = table[:1]  # the next free byte
         self.table = table[1:].reshape(-1, _ROW)
@@ -96,6 +121,63 @@ class DecodedCache:
         out = np.empty(shape, dtype=DTYPES[int(row[_DTYPE])])
         out.reshape(-1).view(np.uint8)[:] = flat
         return out
+
+    def kept(self, path: str) -> Optional[Tuple[tuple, np.dtype, Any]]:
+        """(shape, dtype, the file's stat when it was read) of the entry of
+        ``path`` while the file is unchanged; None otherwise. The stat has
+        ``st_size`` and ``st_mtime_ns``, as :meth:`put` takes it."""
+        row = self.located(path)
+        if row is None:
+            return None
+        shape = tuple(int(v) for v in row[_SHAPE:_SHAPE + row[_NDIM]])
+        stat = SimpleNamespace(
+            st_size=int(row[_SIZE]), st_mtime_ns=int(row[_MTIME]))
+        return shape, DTYPES[int(row[_DTYPE])], stat
+
+    def view(self,
+             path: str,
+             shape: Optional[tuple] = None,
+             dtype: Optional[np.dtype] = None) -> Optional[np.ndarray]:
+        """A read-only view of the cached array of ``path`` (no copy),
+        when the file is unchanged (and the array has ``shape`` and
+        ``dtype``, where given); None otherwise. For readers that never
+        write to what they get (:func:`lent`)."""
+        row = self.located(path)
+        if row is None:
+            return None
+        kept = tuple(int(v) for v in row[_SHAPE:_SHAPE + row[_NDIM]])
+        if shape is None:
+            shape, dtype = kept, DTYPES[int(row[_DTYPE])]
+        if kept != tuple(shape) or DTYPES[int(row[_DTYPE])] != dtype:
+            return None
+        start = int(row[_OFFSET])
+        out = self.data[start:start + int(row[_NBYTES])].view(dtype)
+        out = out.reshape(shape)
+        out.flags.writeable = False
+        return out
+
+    def lends(self, path: str, img: Any) -> bool:
+        """Whether ``img`` is this cache's own read-only view of the entry
+        of ``path`` (:meth:`view`), so its bytes are that entry's.
+
+        Args:
+            path (str): The file.
+            img: An image.
+
+        Returns:
+            bool: True when it is.
+        """
+        slot = self.slots.get(path)
+        if slot is None or type(img) is not np.ndarray or not lent(img):
+            return False
+        with self.lock:
+            row = self.table[slot].copy()
+        if row[_STATE] != _READY:
+            return False
+        shape = tuple(int(v) for v in row[_SHAPE:_SHAPE + row[_NDIM]])
+        start = self.data.__array_interface__['data'][0] + int(row[_OFFSET])
+        return img.shape == shape and img.dtype == DTYPES[int(
+            row[_DTYPE])] and img.__array_interface__['data'][0] == start
 
     def get_bytes(self, path: str) -> Optional[bytes]:
         """The cached bytes of ``path`` (kept by :meth:`put` as a ``uint8``
@@ -146,13 +228,19 @@ class FastLoadImageFromFile(LoadImageFromFile):
     stock's decode otherwise."""
 
     _fp_cache: Any = None
+    #: Set while the loaded image goes only to readers (a fast Mosaic or
+    #: MixUp): a hit is then a read-only view, not a copy.
+    _fp_lend = False
 
     def transform(self, results: dict) -> Optional[dict]:
         cache = self._fp_cache
         if cache is None:
             return super().transform(results)
         filename = results['img_path']
-        img = cache.get(filename)
+        if self._fp_lend and type(cache) is DecodedCache:
+            img = cache.view(filename)
+        else:
+            img = cache.get(filename)
         if img is not None:
             count('cache: hits')
             results['img'] = img

@@ -17,7 +17,10 @@ from mmcv.transforms import LoadImageFromFile
 
 from fast_parallel.pipeline.cache import DecodedCache, FastLoadImageFromFile
 
-__all__ = ['AUTO_SHARE', 'available_memory', 'disk_folder', 'install_cache']
+__all__ = [
+    'AUTO_SHARE', 'available_memory', 'budget_left', 'disk_folder',
+    'install_cache'
+]
 
 #: Share of ``MemAvailable`` the decoded train set may take with
 #: ``cache_inputs='auto'``.
@@ -191,6 +194,23 @@ def install_cache(loads: Sequence[Any],
     total_held = sum(c.capacity for c in {**images, **files}.values())
     return (f'inputs cached in shared memory (up to {_gb(total_held)}; '
             f'{_gb(available)} available): {what}{left}')
+
+
+def budget_left(loads: Sequence[Any], databases: Sequence[Any] = ()) -> float:
+    """Bytes of shared memory ``'auto'`` still allows beside the caches of
+    ``loads`` and ``databases`` (:func:`install_cache`'s arguments)."""
+    available = available_memory()
+    if available is None:
+        return 0.0
+    parts = [load for _, load in loads] + [
+        getattr(sampler, 'points_loader', None) for _, sampler in databases
+    ]
+    held = {
+        id(c): c.capacity
+        for c in (getattr(p, '_fp_cache', None) for p in parts)
+        if isinstance(c, DecodedCache)
+    }
+    return AUTO_SHARE * available - sum(held.values())
 
 
 def _install_disk(loads: Sequence[Any], folder: str,

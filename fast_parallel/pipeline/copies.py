@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from mmengine.dataset import BaseDataset
 
+from fast_parallel.pipeline.cache import lent
+
 __all__ = [
     'as_deepcopied', 'flipped_copy', 'fresh_results_why', 'holds_only_plain',
     'RandomStates', 'sample_is_plain'
@@ -141,7 +143,8 @@ def _box_types() -> tuple:
 
 def as_deepcopied(value: Any,
                   boxes: Optional[tuple] = None,
-                  plain: Optional[Dict[int, Any]] = None) -> Any:
+                  plain: Optional[Dict[int, Any]] = None,
+                  keep_lent: bool = False) -> Any:
     """``value`` as a transform sees ``copy.deepcopy(value)``, if no one else
     holds any part of it.
 
@@ -161,6 +164,10 @@ def as_deepcopied(value: Any,
             only plain values, by id, kept by the caller for one sample: the
             covered transforms only replace top-level keys, so such a
             container stays plain while the sample is made.
+        keep_lent (bool): Keep the cache's read-only views
+            (:func:`~fast_parallel.pipeline.cache.lent`) as they are, for a
+            transform that only reads them (a fast Mosaic or MixUp); they
+            are copied otherwise. Defaults to False.
 
     Returns:
         The value to hand to the transform.
@@ -168,7 +175,7 @@ def as_deepcopied(value: Any,
     boxes = _box_types() if boxes is None else boxes
     plain = {} if plain is None else plain
     try:
-        return _walk(value, boxes, plain, {}, top=True)[0]
+        return _walk(value, boxes, plain, {}, keep_lent, top=True)[0]
     except RecursionError:  # a structure that holds itself: stock's copy
         return copy.deepcopy(value)
 
@@ -177,6 +184,7 @@ def _walk(value: Any,
           boxes: tuple,
           plain: Dict[int, Any],
           memo: Dict[int, Tuple[Any, bool]],
+          keep_lent: bool,
           top: bool = False) -> Tuple[Any, bool]:
     """(what to hand over, whether ``value`` holds only plain values).
 
@@ -185,18 +193,21 @@ def _walk(value: Any,
     """
     found = memo.get(id(value))
     if found is None:
-        found = memo[id(value)] = _walk_new(value, boxes, plain, memo, top)
+        found = memo[id(value)] = _walk_new(value, boxes, plain, memo,
+                                            keep_lent, top)
     return found
 
 
 def _walk_new(value: Any, boxes: tuple, plain: Dict[int, Any],
-              memo: Dict[int, Tuple[Any,
-                                    bool]], top: bool) -> Tuple[Any, bool]:
+              memo: Dict[int, Tuple[Any, bool]], keep_lent: bool,
+              top: bool) -> Tuple[Any, bool]:
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             return copy.deepcopy(value), False
         if value.base is None and value.flags.c_contiguous and \
                 value.flags.writeable:
+            return value, False
+        if keep_lent and lent(value):  # for a fast Mosaic / MixUp to read
             return value, False
         flipped = flipped_copy(value)
         return (value.copy(order='K') if flipped is None else flipped), False
@@ -209,7 +220,7 @@ def _walk_new(value: Any, boxes: tuple, plain: Dict[int, Any],
             walked, all_plain = value, True
         else:
             pairs = [(v, True) if type(v) in _SCALARS else _walk(
-                v, boxes, plain, memo) for v in items]
+                v, boxes, plain, memo, keep_lent) for v in items]
             all_plain = all(p for _, p in pairs)
             new = [v for v, _ in pairs]
             walked = value

@@ -11,13 +11,16 @@ of the results handed to a transform that cannot return None, and it hands
 nothing. Why each is exact: ``docs/pipeline.md``.
 """
 import collections.abc
+import contextlib
 import copy
 import inspect
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
+import numpy as np
 from mmdet.datasets import MultiImageMixDataset
 
 from fast_parallel.compat import mix_skip_type_keys
+from fast_parallel.pipeline.cache import FastLoadImageFromFile, lent
 from fast_parallel.pipeline.copies import (RandomStates, _box_types,
                                            as_deepcopied)
 from fast_parallel.pipeline.stats import count
@@ -71,6 +74,23 @@ class _LoadProbe:
         return self.dataset[index]
 
 
+def _reads(transform: Any) -> bool:
+    """Whether ``transform`` only reads the loaded images it is handed (a
+    fast Mosaic or MixUp: they may be lent the cache's views)."""
+    from fast_parallel.pipeline.mixes import FastMixUp, FastMosaic
+    return type(transform) in (FastMosaic, FastMixUp)
+
+
+def _return_lent(results: Any) -> None:
+    """Copies any lent view a transform handed back (a Mosaic or MixUp that
+    returned its input: ``prob``, a mix sample without boxes), so that the
+    next transforms and the user get what stock's deep copy gives."""
+    if type(results) is dict:
+        for key, value in results.items():
+            if type(value) is np.ndarray and lent(value):
+                results[key] = value.copy()
+
+
 def _probes(transform: Any) -> bool:
     from mmdet.datasets.transforms import MixUp
     return inspect.getattr_static(type(transform), 'get_indexes',
@@ -92,8 +112,11 @@ class FastMultiImageMixDataset(MultiImageMixDataset):
             return super().__getitem__(idx)  # (stock raises without tries)
         boxes = _box_types()
         plain: dict = {}  # containers found plain, for this sample
-        results = as_deepcopied(self.dataset[idx], boxes, plain)
         skip = mix_skip_type_keys(self)
+        first = next((t for t, kind in zip(self.pipeline, self.pipeline_types)
+                      if skip is None or kind not in skip), None)
+        with self._lending(first) as lending:
+            results = as_deepcopied(self.dataset[idx], boxes, plain, lending)
         for transform, transform_type in zip(self.pipeline,
                                              self.pipeline_types):
             if skip is not None and transform_type in skip:
@@ -102,7 +125,8 @@ class FastMultiImageMixDataset(MultiImageMixDataset):
                 results['mix_results'] = self._mix_results(
                     transform, boxes, plain)
             if never_none(transform) or retries_alike(transform):
-                updated = transform(as_deepcopied(results, boxes, plain))
+                updated = transform(
+                    as_deepcopied(results, boxes, plain, _reads(transform)))
                 if updated is None and never_none(transform):
                     raise RuntimeError(
                         f'{type(transform).__name__} returned None, which '
@@ -120,25 +144,44 @@ class FastMultiImageMixDataset(MultiImageMixDataset):
                 results = self._stock_retry(transform, results)
             if 'mix_results' in results:
                 results.pop('mix_results')
+            _return_lent(results)
         count('samples')
         return results
 
     def _mix_results(self, transform: Any, boxes: tuple, plain: dict) -> list:
         for _ in range(self.max_refetch):
             probe = _LoadProbe(self.dataset) if _probes(transform) else None
-            indexes = transform.get_indexes(probe or self.dataset)
-            if not isinstance(indexes, collections.abc.Sequence):
-                indexes = [indexes]
-            mix_results = [
-                as_deepcopied(
-                    probe.take(index) if probe else self.dataset[index], boxes,
-                    plain) for index in indexes
-            ]
+            with self._lending(transform) as lending:
+                indexes = transform.get_indexes(probe or self.dataset)
+                if not isinstance(indexes, collections.abc.Sequence):
+                    indexes = [indexes]
+                mix_results = [
+                    as_deepcopied(
+                        probe.take(index) if probe else self.dataset[index],
+                        boxes, plain, lending) for index in indexes
+                ]
             if None not in mix_results:
                 return mix_results
         raise RuntimeError('The loading pipeline of the original dataset'
                            ' always return None. Please check the correctness '
                            'of the dataset and its pipeline.')
+
+    @contextlib.contextmanager
+    def _lending(self, reader: Any) -> Iterator[bool]:
+        """While loading samples that go to ``reader`` first: where that is
+        a fast Mosaic or MixUp (they only read a loaded image), the cached
+        loads lend read-only views instead of copies. Yields whether."""
+        loads = [
+            t for t in self.dataset.pipeline.transforms
+            if type(t) is FastLoadImageFromFile
+        ] if _reads(reader) else []
+        for load in loads:
+            load._fp_lend = True
+        try:
+            yield bool(loads)
+        finally:
+            for load in loads:
+                load._fp_lend = False
 
     def _stock_retry(self, transform: Any, results: dict) -> dict:
         for _ in range(self.max_refetch):

@@ -8,7 +8,7 @@ cannot make exact (not a 3-channel ``uint8`` image, a ``pad_val`` outside
 0..255) goes to stock's ``transform``, counted. Why: ``docs/pipeline.md``.
 """
 import copy
-from typing import Optional
+from typing import Any, Optional
 
 import mmcv
 import mmcv.image.geometric as mmcv_geometric
@@ -67,6 +67,17 @@ def colour_uint8(img) -> bool:
         img.ndim == 3 and img.shape[2] == 3
 
 
+def _fit(t: Any, patch: Optional[dict], img: np.ndarray,
+         size: tuple) -> np.ndarray:
+    """Stock's keep-ratio ``mmcv.imresize(img, size)`` of a loaded patch;
+    from ``t``'s :class:`~fast_parallel.pipeline.fit_cache.FitCache` where
+    the switch gave it one (read-only then: the callers only read it)."""
+    fit = getattr(t, '_fp_fit', None)
+    if fit is None or patch is None:
+        return mmcv.imresize(img, size)
+    return fit.resized(patch, img, size)
+
+
 def mosaic_of(t: Mosaic,
               results: dict,
               mix_results: list,
@@ -105,7 +116,7 @@ def mosaic_of(t: Mosaic,
         scale_ratio_i = min(t.img_scale[1] / h_i, t.img_scale[0] / w_i)
         size = (int(w_i * scale_ratio_i), int(h_i * scale_ratio_i))
         if size != (w_i, h_i) or not _resize_keeps(img_i):
-            img_i = mmcv.imresize(img_i, size)
+            img_i = _fit(t, patch, img_i, size)
 
         paste_coord, crop_coord = mosaic_combine(t)(loc, center_position,
                                                     img_i.shape[:2][::-1])
@@ -157,6 +168,9 @@ def mosaic_of(t: Mosaic,
 class FastMosaic(Mosaic):
     """``Mosaic`` that copies each patch's boxes, not its whole results."""
 
+    #: The run's kept resizes at ``img_scale`` (set by the switch), or None.
+    _fp_fit: Any = None
+
     def transform(self, results: dict) -> dict:
         if not sample_is_plain(results):  # stock's copies may draw or fail
             count('stock: Mosaic: a sample holding other objects')
@@ -173,6 +187,9 @@ class FastMosaic(Mosaic):
 
 class FastMixUp(MixUp):
     """``MixUp`` that pads only the crop window and mixes in integers."""
+
+    #: The run's kept resizes at ``dynamic_scale`` (set by the switch).
+    _fp_fit: Any = None
 
     def transform(self, results: dict) -> dict:
         why = self._why_stock(results)
@@ -198,7 +215,8 @@ class FastMixUp(MixUp):
 
         retrieve_results = results['mix_results'][0]
         ori_img = results['img']
-        window = MixWindow(self, retrieve_results['img'], ori_img.shape[:2])
+        window = MixWindow(self, retrieve_results['img'], ori_img.shape[:2],
+                           retrieve_results)
 
         retrieve_gt_bboxes = retrieve_results['gt_bboxes']
         retrieve_gt_bboxes.rescale_([window.scale_ratio, window.scale_ratio])
@@ -275,9 +293,15 @@ class MixWindow:
         t (MixUp | CachedMixUp): The transform (its arguments).
         retrieve_img (np.ndarray): The mix image, 3-channel uint8.
         target_shape (tuple): The sample image's (height, width).
+        patch (dict, optional): The loaded mix sample (its ``img_path``),
+            for the transform's kept resizes, if any.
     """
 
-    def __init__(self, t, retrieve_img: np.ndarray, target_shape) -> None:
+    def __init__(self,
+                 t,
+                 retrieve_img: np.ndarray,
+                 target_shape,
+                 patch: Optional[dict] = None) -> None:
         jit_factor = random.uniform(*t.ratio_range)
         self.is_flip = random.uniform(0, 1) > t.flip_ratio
         # stock: np.ones(..., img dtype) * pad_val; numpy's own rule gives
@@ -290,9 +314,9 @@ class MixWindow:
         np.empty(canvas_shape, one.dtype)
         scale_ratio = min(t.dynamic_scale[1] / retrieve_img.shape[0],
                           t.dynamic_scale[0] / retrieve_img.shape[1])
-        retrieve_img = mmcv.imresize(
-            retrieve_img, (int(retrieve_img.shape[1] * scale_ratio),
-                           int(retrieve_img.shape[0] * scale_ratio)))
+        retrieve_img = _fit(t, patch, retrieve_img,
+                            (int(retrieve_img.shape[1] * scale_ratio),
+                             int(retrieve_img.shape[0] * scale_ratio)))
         self.scale_ratio = scale_ratio * jit_factor
         if jit_factor == 1.0 and one.dtype in _COPIED_CANVAS and \
                 mmcv_geometric.imread_backend == 'cv2':

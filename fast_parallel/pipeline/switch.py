@@ -14,11 +14,12 @@ from mmengine.dataset import BaseDataset
 
 from fast_parallel.outcome import Outcome
 from fast_parallel.pipeline.cache import FastLoadImageFromFile
-from fast_parallel.pipeline.cache_plan import install_cache
+from fast_parallel.pipeline.cache_plan import budget_left, install_cache
 from fast_parallel.pipeline.cached_mixes import (FastCachedMixUp,
                                                  FastCachedMosaic)
 from fast_parallel.pipeline.colour import FastYOLOXHSVRandomAug
 from fast_parallel.pipeline.copies import fresh_results_why
+from fast_parallel.pipeline.fit_cache import install_fit_caches
 from fast_parallel.pipeline.layout import FastPackDetInputs, FastPad
 from fast_parallel.pipeline.mix_dataset import FastMultiImageMixDataset
 from fast_parallel.pipeline.mixes import FastMixUp, FastMosaic
@@ -197,6 +198,13 @@ def switch_pipeline(dataset: Any,
             elif cls.__name__ in STAYS_STOCK:
                 stock[cls.__name__] = STAYS_STOCK[cls.__name__]
     cache = install_cache(loads, cache_inputs, forked, databases)
+    if cache.startswith('inputs cached in shared memory'):
+        mixers = [
+            holder for holder, _ in _pipelines(dataset)
+            if type(holder) is FastMultiImageMixDataset
+        ]
+        fits = install_fit_caches(mixers, budget_left(loads, databases))
+        cache += f'; {fits}' if fits else ''
     names = list(dict.fromkeys(fast))
     left = ''.join(f'; {name} stock ({why})' for name, why in stock.items())
     if not names:
