@@ -570,7 +570,8 @@ def _mapping_kb(pid: int, start: int) -> dict:
 def test_four_workers_hold_one_copy_of_the_cache(sample_data):
     """Four forked workers fill the cache and read it again: the sum of
     their proportional set sizes (and the main process's) for its mapping
-    is one copy of the decoded images, while each holds all it read."""
+    is one copy of the decoded images, while each holds all it read; the
+    same for the kept Mosaic / MixUp resizes."""
     import ctypes
     import os
 
@@ -580,34 +581,44 @@ def test_four_workers_hold_one_copy_of_the_cache(sample_data):
     dataset = DATASETS.build(copy.deepcopy(cfg))
     switch_pipeline(dataset, cache_inputs='auto', forked=True)
     cache = dataset.dataset.pipeline.transforms[0]._fp_cache
-    pointer = ctypes.c_char.from_buffer(cache._data_map)
-    start = ctypes.addressof(pointer)
-    del pointer
+    fits = dataset.pipeline[0]._fp_fit.fits
+    starts = {}
+    for name, held in (('decoded', cache), ('resizes', fits)):
+        pointer = ctypes.c_char.from_buffer(held._data_map)
+        starts[name] = ctypes.addressof(pointer)
+        del pointer
     loader = DataLoader(
         dataset,
         batch_size=1,
         num_workers=4,
         persistent_workers=True,
         collate_fn=lambda b: b[0])
-    for _ in range(2):  # decoded into the cache, then all hits
+    for _ in range(3):  # decoded into the cache, then all hits
         list(loader)
     workers = _children(os.getpid())
     assert len(workers) >= 4
-    kb = {pid: _mapping_kb(pid, start) for pid in [os.getpid()] + workers}
+    kbs = {
+        name: {pid: _mapping_kb(pid, start)
+               for pid in [os.getpid()] + workers}
+        for name, start in starts.items()
+    }
     del loader
     page_kb = os.sysconf('SC_PAGE_SIZE') // 1024
-    used_kb = cache.used / 1024
-    rss = max(k['Rss'] for k in kb.values())
-    pss = sum(k['Pss'] for k in kb.values())
-    print(f'cache {used_kb:.0f} kB used; Rss (kB) by process '
-          f'{[k["Rss"] for k in kb.values()]}, Pss '
-          f'{[k["Pss"] for k in kb.values()]}, sum of Pss {pss} kB')
     assert cache.used == cache.capacity  # every image decoded once
-    assert sum(k['Rss'] > 0 for k in kb.values()) >= 4
-    # one copy: the shared pages, counted once over all the processes
-    assert used_kb - page_kb * len(kb) <= pss <= used_kb + page_kb * (
-        len(kb) + 1)
-    assert rss <= used_kb + page_kb
+    assert fits.used > 0
+    for name, held in (('decoded', cache), ('resizes', fits)):
+        kb = kbs[name]
+        used_kb = held.used / 1024
+        rss = max(k['Rss'] for k in kb.values())
+        pss = sum(k['Pss'] for k in kb.values())
+        print(f'{name}: {used_kb:.0f} kB used; Rss (kB) by process '
+              f'{[k["Rss"] for k in kb.values()]}, Pss '
+              f'{[k["Pss"] for k in kb.values()]}, sum of Pss {pss} kB')
+        assert sum(k['Rss'] > 0 for k in kb.values()) >= 4
+        # one copy: the shared pages, counted once over all the processes
+        assert used_kb - page_kb * len(kb) <= pss <= used_kb + page_kb * (
+            len(kb) + 1)
+        assert rss <= used_kb + page_kb
 
 
 def test_cache_that_does_not_fit_says_what_it_needs(sample_data, monkeypatch):
