@@ -598,8 +598,10 @@ def test_four_workers_hold_one_copy_of_the_cache(sample_data):
     workers = _children(os.getpid())
     assert len(workers) >= 4
     kbs = {
-        name: {pid: _mapping_kb(pid, start)
-               for pid in [os.getpid()] + workers}
+        name: {
+            pid: _mapping_kb(pid, start)
+            for pid in [os.getpid()] + workers
+        }
         for name, start in starts.items()
     }
     del loader
