@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from mmdet.registry import DATASETS
 from mmdet.utils import register_all_modules
-from transform_utils import run_both, same_states, set_states
+from transform_utils import (run_both, same_states, set_states,
+                             sparse_annotations)
 
 from fast_parallel.bench.pipeline import first_difference
 from fast_parallel.bench.presets import load_preset
@@ -192,21 +193,6 @@ def test_lent_images_only_where_a_fast_mix_reads_them(sample_data, skip):
     assert len(seen) == 16 and any(seen) == (type(first) is FastMosaic)
 
 
-def _sparse_ann(sample_data, tmp_path):
-    """The sample set with boxes on one image in four (MixUp's early
-    return for a mix sample without boxes, its get_indexes retries)."""
-    import json
-    with open(sample_data / 'coco/annotations/instances_train2017.json') as f:
-        coco = json.load(f)
-    keep = {image['id'] for image in coco['images'][::4]}
-    coco['annotations'] = [
-        a for a in coco['annotations'] if a['image_id'] in keep
-    ]
-    ann = tmp_path / 'sparse.json'
-    ann.write_text(json.dumps(coco))
-    return str(ann)
-
-
 @pytest.mark.parametrize('case', [
     'mosaic_prob_half', 'mosaic_alone_prob_half', 'flip_before_mosaic',
     'mixup_first_sparse'
@@ -224,7 +210,7 @@ def test_lent_and_kept_images_where_transforms_return_or_change_them(
     elif case == 'flip_before_mosaic':
         pipeline.insert(0, dict(type='RandomFlip', prob=0.5))
     else:
-        cfg.dataset.ann_file = _sparse_ann(sample_data, tmp_path)
+        cfg.dataset.ann_file = sparse_annotations(sample_data, tmp_path)
         cfg.dataset.filter_cfg = dict(filter_empty_gt=False, min_size=0)
     stock = DATASETS.build(copy.deepcopy(cfg))
     fast = DATASETS.build(copy.deepcopy(cfg))

@@ -22,6 +22,7 @@ from transform_utils import assert_same_run
 from transform_utils import run_both as _run_both
 from transform_utils import same_states as _same_states
 from transform_utils import set_states as _set
+from transform_utils import sparse_annotations
 
 from fast_parallel.bench.pipeline import first_difference
 from fast_parallel.bench.presets import load_preset
@@ -344,15 +345,8 @@ def test_mix_dataset_gives_stock_samples_and_draws(sample_data, skip):
 def test_mix_dataset_where_most_images_have_no_boxes(sample_data, tmp_path):
     """MixUp's get_indexes loads until it finds boxes (its retry), and mixes
     an image without boxes as stock does (returns early)."""
-    with open(sample_data / 'coco/annotations/instances_train2017.json') as f:
-        coco = json.load(f)
-    keep = {image['id'] for image in coco['images'][::4]}
-    coco['annotations'] = [
-        a for a in coco['annotations'] if a['image_id'] in keep
-    ]
-    ann = tmp_path / 'sparse.json'
-    ann.write_text(json.dumps(coco))
-    _compare_datasets(_train_dataset_cfg(sample_data, str(ann)), 40)
+    ann = sparse_annotations(sample_data, tmp_path)
+    _compare_datasets(_train_dataset_cfg(sample_data, ann), 40)
     assert COUNTS['mix loads reused'] == 40
 
 

@@ -2,6 +2,7 @@
 the same input and random states, outputs or errors and the states after
 compared (``first_difference``: bytes, dtypes, strides, points)."""
 import copy
+import json
 import random
 
 import numpy as np
@@ -55,3 +56,18 @@ def assert_same_run(stock, fast, results):
             first_difference(s_out, f_out)
     assert same_states(s_states, f_states)
     return s_kind, s_out
+
+
+def sparse_annotations(sample_data, tmp_path) -> str:
+    """The sample COCO train set's annotations with boxes on one image in
+    four, written under ``tmp_path``: MixUp's ``get_indexes`` retries, a
+    mix sample without boxes. Returns the file's path."""
+    with open(sample_data / 'coco/annotations/instances_train2017.json') as f:
+        coco = json.load(f)
+    keep = {image['id'] for image in coco['images'][::4]}
+    coco['annotations'] = [
+        a for a in coco['annotations'] if a['image_id'] in keep
+    ]
+    ann = tmp_path / 'sparse.json'
+    ann.write_text(json.dumps(coco))
+    return str(ann)
