@@ -266,8 +266,9 @@ def test_one_line_says_the_fast_path_is_on(kind, workers, fused, runs):
         'inputs cached in shared memory (up to 0.0 GB; ',
         'pointpillars':
         ' available): gt-database files'
-    }[kind]) or kind == 'yolox' and summary.endswith(' available): images'), \
-        summary
+    }[kind]) or kind == 'yolox' and summary.endswith(
+        ' available): images; Mosaic/MixUp resizes cached too (up to 0.0 GB)'
+    ), summary
     # every sample of the epoch took the batched targets, counted, logged
     stats = head.fast_target_stats
     assert stats.calls > 0 and stats.samples >= stats.calls

@@ -26,7 +26,7 @@ CATEGORIES = ('samples', 'stock: ', 'stock copy: ', 'mix loads reused',
               'cache: hits', 'cache: decoded', 'cache: full',
               'cache: file changed', 'cache: gt-database hits',
               'cache: gt-database files read', 'cache: disk file unreadable',
-              'cache: disk write failed')
+              'cache: disk write failed', 'cache: resizes kept')
 
 
 class _Shared:

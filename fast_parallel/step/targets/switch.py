@@ -18,6 +18,7 @@ from torch import nn
 from fast_parallel.compat import YOLOX_HEAD_METHODS
 from fast_parallel.compat.targets import DN_LOSS_SINGLE
 from fast_parallel.outcome import Outcome
+from fast_parallel.step.targets.prior_cache import keep_priors
 from fast_parallel.step.targets.stats import TargetStats
 
 
@@ -307,6 +308,7 @@ def switch_targets(model: nn.Module,
         why = supported(head, covered)
         if why is None:
             stats.append(install(head, covered))
+            keep_priors(head)
         heads.append(_head_outcome(head, why))
         if why is None and 'loss_by_feat' in covered.replaces and hasattr(
                 family(covered), 'loss_part'):
