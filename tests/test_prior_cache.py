@@ -120,3 +120,35 @@ def test_a_copied_or_pickled_head_keeps_its_own():
 
     assert not keep_priors(_Head(Own([8])))
     assert not keep_priors(_Head(None))
+
+
+def test_sizes_and_devices_it_cannot_key_are_made_as_stock_makes_them():
+    """A fractional size (stock's arange of 2.5 has 3 steps), a float
+    tensor, a device without an index, a bad argument: never kept, and
+    stock's result or error."""
+    generator = _generators()[0]
+    stock = copy.deepcopy(generator)
+    keep_priors(_Head(generator))
+    whole = [(2, 2)] * 5
+    generator.grid_priors(whole, device='cpu')
+    for sizes in ([(2.5, 2.5)] * 5, [(torch.tensor(2.5), 2)] * 5,
+                  [(True, 2)] * 5):
+        _bits_equal(
+            generator.grid_priors(sizes, device='cpu'),
+            stock.grid_priors(sizes, device='cpu'))
+    # integer tensors and numpy integers are sizes like ints
+    import numpy as np
+    _bits_equal(
+        generator.grid_priors(
+            [(torch.tensor(2), np.int64(2))] * 5, device='cpu'),
+        stock.grid_priors(whole, device='cpu'))
+    assert len(generator.grid_priors.kept) == 1
+    # 'cuda' (the current device) is not a key
+    from fast_parallel.step.targets.prior_cache import _key
+    assert _key(dict(featmap_sizes=whole, device='cuda')) is None
+    assert _key(dict(featmap_sizes=whole, device='cuda:1')) is not None
+    with pytest.raises(TypeError) as got:
+        generator.grid_priors(whole, device='cpu', nothing=1)
+    with pytest.raises(TypeError) as want:
+        stock.grid_priors(whole, device='cpu', nothing=1)
+    assert str(got.value) == str(want.value)

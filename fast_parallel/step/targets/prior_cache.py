@@ -11,6 +11,8 @@ can change what is kept), one copy a level. Only mmdet's own
 per instance.
 """
 import inspect
+import operator
+import threading
 from collections import OrderedDict
 from typing import Any, List
 
@@ -39,24 +41,31 @@ class KeptPriors:
         self.signature = inspect.signature(self.method)
         self.kept: 'OrderedDict[tuple, List[Tensor]]' = OrderedDict()
         self.bytes = 0
+        self.lock = threading.Lock()
 
     def __call__(self, *args: Any, **kwargs: Any) -> List[Tensor]:
-        bound = self.signature.bind(*args, **kwargs)
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError:  # stock's own error, as stock raises it
+            return self.method(*args, **kwargs)
         bound.apply_defaults()
         key = _key(bound.arguments)
-        priors = self.kept.get(key) if key is not None else None
-        if priors is None:
-            priors = self.method(*args, **kwargs)
-            if key is None or not _plain_list(priors):
-                return priors
-            self.kept[key] = priors
-            self.bytes += _nbytes(priors)
-            while len(self.kept) > KEEP or (self.bytes > KEEP_BYTES
-                                            and len(self.kept) > 1):
-                self.bytes -= _nbytes(self.kept.popitem(last=False)[1])
-        else:
-            self.kept.move_to_end(key)
-        return [p.clone() for p in priors]
+        if key is None:
+            return self.method(*args, **kwargs)
+        with self.lock:  # DataParallel's replicas share this object
+            priors = self.kept.get(key)
+            if priors is None:
+                priors = self.method(*args, **kwargs)
+                if not _plain_list(priors):
+                    return priors
+                self.kept[key] = priors
+                self.bytes += _nbytes(priors)
+                while len(self.kept) > KEEP or (self.bytes > KEEP_BYTES
+                                                and len(self.kept) > 1):
+                    self.bytes -= _nbytes(self.kept.popitem(last=False)[1])
+            else:
+                self.kept.move_to_end(key)
+            return [p.clone() for p in priors]
 
     def __deepcopy__(self, memo: dict) -> 'KeptPriors':
         # a copied generator (an EMA model's) gets its own, empty
@@ -69,12 +78,14 @@ class KeptPriors:
 
 def _key(arguments: dict) -> Any:
     """A hashable key of ``grid_priors``' arguments, or None where one is
-    not plain (then nothing is kept)."""
+    not plain (then nothing is kept): sizes that are not integers (stock's
+    ``arange`` of 2.5 has 3 steps), a device without an index (``'cuda'``
+    is whichever is current)."""
     key = []
     for name, value in arguments.items():
         if name == 'featmap_sizes':
             try:
-                value = tuple(tuple(int(v) for v in s) for s in value)
+                value = tuple(tuple(_size(v) for v in s) for s in value)
             except (TypeError, ValueError):
                 return None
         elif name == 'device':
@@ -82,10 +93,19 @@ def _key(arguments: dict) -> Any:
                 value = torch.device(value)
             except (TypeError, RuntimeError):
                 return None
+            if value.type != 'cpu' and value.index is None:
+                return None
         elif not isinstance(value, (bool, int, float, str, torch.dtype)):
             return None
         key.append((name, value))
     return tuple(key)
+
+
+def _size(value: Any) -> int:
+    """An integer size as it is (``operator.index``); TypeError else."""
+    if type(value) is bool:
+        raise TypeError('bool')
+    return operator.index(value)
 
 
 def _nbytes(priors: List[Tensor]) -> int:
