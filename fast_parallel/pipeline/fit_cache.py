@@ -11,7 +11,6 @@ it), a miss resizes as stock does. Only an image that is the decoded
 cache's own read-only view of its entry (lent by the load) is looked up or
 kept: its bytes are then that entry's. Why: ``docs/pipeline.md``.
 """
-import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
 import mmcv
@@ -24,10 +23,14 @@ from fast_parallel.pipeline.stats import count
 
 __all__ = ['FitCache', 'fit_size', 'install_fit_caches']
 
-#: The fit caches of each decoded cache, by scale, so that a pipeline
-#: switched again gets the same ones.
-_FITS: 'weakref.WeakKeyDictionary[DecodedCache, Dict[tuple, FitCache]]' = \
-    weakref.WeakKeyDictionary()
+
+def _fits_of(decoded: DecodedCache) -> Dict[tuple, 'FitCache']:
+    """The fit caches made for ``decoded``, by scale (kept on it, so that
+    a pipeline switched again gets the same ones, and they end with it)."""
+    fits = vars(decoded).get('_fp_fits')
+    if fits is None:
+        fits = decoded._fp_fits = {}
+    return fits
 
 
 def fit_size(shape: tuple, scale: tuple) -> Tuple[int, int]:
@@ -160,19 +163,19 @@ def install_fit_caches(mixers: List[Any], budget: float) -> str:
     to_make: Dict[tuple, tuple] = {}
     for _, dataset, decoded, scale in plans:
         key = (id(decoded), scale)
-        if scale not in _FITS.get(decoded, {}) and key not in to_make:
+        if scale not in _fits_of(decoded) and key not in to_make:
             to_make[key] = (decoded, scale, _need(dataset, scale))
     need = sum(size for _, _, size in to_make.values())
     held = sum(f.fits.capacity for decoded in {id(p[2]): p[2]
                                                for p in plans}.values()
-               for f in _FITS.get(decoded, {}).values())
+               for f in _fits_of(decoded).values())
     if need > budget - held:
         return (f'Mosaic/MixUp resizes not cached (they need '
                 f'{need / 1e9:.1f} GB more)')
     for decoded, scale, size in to_make.values():
-        _FITS.setdefault(decoded, {})[scale] = FitCache(decoded, scale, size)
+        _fits_of(decoded)[scale] = FitCache(decoded, scale, size)
     given = {}
     for t, _, decoded, scale in plans:
-        t._fp_fit = given[(id(decoded), scale)] = _FITS[decoded][scale]
+        t._fp_fit = given[(id(decoded), scale)] = _fits_of(decoded)[scale]
     total = sum(f.fits.capacity for f in given.values())
     return f'Mosaic/MixUp resizes cached too (up to {total / 1e9:.1f} GB)'
