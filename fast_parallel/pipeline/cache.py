@@ -77,6 +77,9 @@ class DecodedCache:
         self.top = table[:1]  # the next free byte
         self.table = table[1:].reshape(-1, _ROW)
         self.lock = multiprocessing.get_context('fork').Lock()
+        #: Caches made from this one's entries (the fit caches, by scale),
+        #: which end with it.
+        self.derived: Dict[Any, Any] = {}
 
     def __deepcopy__(self, memo: dict) -> 'DecodedCache':
         return self  # one cache per run, whatever copies the dataset

@@ -27,10 +27,7 @@ __all__ = ['FitCache', 'fit_size', 'install_fit_caches']
 def _fits_of(decoded: DecodedCache) -> Dict[tuple, 'FitCache']:
     """The fit caches made for ``decoded``, by scale (kept on it, so that
     a pipeline switched again gets the same ones, and they end with it)."""
-    fits = vars(decoded).get('_fp_fits')
-    if fits is None:
-        fits = decoded._fp_fits = {}
-    return fits
+    return decoded.derived
 
 
 def fit_size(shape: tuple, scale: tuple) -> Tuple[int, int]:
