@@ -24,12 +24,6 @@ from fast_parallel.pipeline.stats import count
 __all__ = ['FitCache', 'fit_size', 'install_fit_caches']
 
 
-def _fits_of(decoded: DecodedCache) -> Dict[tuple, 'FitCache']:
-    """The fit caches made for ``decoded``, by scale (kept on it, so that
-    a pipeline switched again gets the same ones, and they end with it)."""
-    return decoded.derived
-
-
 def fit_size(shape: tuple, scale: tuple) -> Tuple[int, int]:
     """Stock's keep-ratio size, ``(width, height)``, of an image of
     ``shape`` at ``scale`` (width, height), as Mosaic and MixUp compute it.
@@ -160,19 +154,19 @@ def install_fit_caches(mixers: List[Any], budget: float) -> str:
     to_make: Dict[tuple, tuple] = {}
     for _, dataset, decoded, scale in plans:
         key = (id(decoded), scale)
-        if scale not in _fits_of(decoded) and key not in to_make:
+        if scale not in decoded.derived and key not in to_make:
             to_make[key] = (decoded, scale, _need(dataset, scale))
     need = sum(size for _, _, size in to_make.values())
     held = sum(f.fits.capacity for decoded in {id(p[2]): p[2]
                                                for p in plans}.values()
-               for f in _fits_of(decoded).values())
+               for f in decoded.derived.values())
     if need > budget - held:
         return (f'Mosaic/MixUp resizes not cached (they need '
                 f'{need / 1e9:.1f} GB more)')
     for decoded, scale, size in to_make.values():
-        _fits_of(decoded)[scale] = FitCache(decoded, scale, size)
+        decoded.derived[scale] = FitCache(decoded, scale, size)
     given = {}
     for t, _, decoded, scale in plans:
-        t._fp_fit = given[(id(decoded), scale)] = _fits_of(decoded)[scale]
+        t._fp_fit = given[(id(decoded), scale)] = decoded.derived[scale]
     total = sum(f.fits.capacity for f in given.values())
     return f'Mosaic/MixUp resizes cached too (up to {total / 1e9:.1f} GB)'
