@@ -19,6 +19,7 @@ from fast_parallel.pipeline.data_bound import DataBoundMonitor
 from fast_parallel.pipeline.stats import share_counts, shared_totals
 from fast_parallel.step.foreach_ema import fuse_ema
 from fast_parallel.step.fused_optim import fuse_optim_wrapper
+from fast_parallel.step.images import switch_images
 from fast_parallel.step.targets.switch import switch_targets
 from fast_parallel.step.voxelize import switch_voxelize
 from fast_parallel.wrappers import (FastDataParallel,
@@ -62,6 +63,9 @@ class FastParallelHook(Hook):
             True.
         fast_targets (bool): Compute the training targets of covered heads
             for the whole batch at once. Defaults to True.
+        fast_images (bool): Flip, normalise and pad the batch's images for
+            the whole batch in mmdet's ``DetDataPreprocessor``
+            (:mod:`fast_parallel.step.images`). Defaults to True.
         fast_voxelize (bool): Hard-voxelise the whole batch in one pass in
             mmdet3d's data preprocessor. Defaults to True.
         fast_pipeline (bool): Give the train dataset's covered transforms
@@ -87,6 +91,7 @@ class FastParallelHook(Hook):
                  fuse_optimizer: bool = True,
                  foreach_ema: bool = True,
                  fast_targets: bool = True,
+                 fast_images: bool = True,
                  fast_voxelize: bool = True,
                  fast_pipeline: bool = True,
                  cache_inputs: Optional[str] = 'auto',
@@ -96,6 +101,7 @@ class FastParallelHook(Hook):
         self.fuse_optimizer = fuse_optimizer
         self.foreach_ema = foreach_ema
         self.fast_targets = fast_targets
+        self.fast_images = fast_images
         self.fast_voxelize = fast_voxelize
         self.fast_pipeline = fast_pipeline
         from fast_parallel.pipeline.cache_plan import disk_folder
@@ -171,7 +177,8 @@ class FastParallelHook(Hook):
 
     def before_train(self, runner) -> None:
         """Fuses the optimizer step and the EMA updates, switches covered
-        heads to batched targets and the voxelisation to one pass.
+        heads to batched targets, and the image step and the voxelisation
+        of the data preprocessor to the whole batch.
 
         Runs after every hook's ``before_run`` (``EMAHook`` builds its
         averaged model there) and after a resumed checkpoint was loaded;
@@ -191,9 +198,10 @@ class FastParallelHook(Hook):
                 fuse_ema(hook.ema_model) for hook in runner.hooks
                 if isinstance(getattr(hook, 'ema_model', None), nn.Module)
             ]
-        voxels = switch_voxelize(runner.model, self.fast_voxelize)
-        if voxels is not None:
-            outcomes.append(voxels)
+        for part in (switch_images(runner.model, self.fast_images),
+                     switch_voxelize(runner.model, self.fast_voxelize)):
+            if part is not None:
+                outcomes.append(part)
         targets, self.target_stats = switch_targets(runner.model,
                                                     self.fast_targets)
         outcomes.append(targets)

@@ -41,6 +41,34 @@ def test_quick_mode_writes_complete_json(tmp_path):
     assert results['warnings'][0].startswith('--quick')
 
 
+def _image_step_saving(config: str, batch: int) -> int:
+    """Operations stock's image step of ``config``'s data preprocessor
+    takes more than the batched one, on ``batch`` images of one size."""
+    import torch
+    from mmengine.config import Config
+    from mmengine.registry import MODELS, init_default_scope
+    from torch import nn
+
+    from fast_parallel.bench.opcount import OpCounter
+    from fast_parallel.step.images import switch_images
+    init_default_scope('mmdet')
+    built = [
+        MODELS.build(Config.fromfile(config).model.data_preprocessor)
+        for _ in range(2)
+    ]
+    holder = nn.Module()
+    holder.data_preprocessor = built[1]
+    assert switch_images(holder).done
+    totals = []
+    for pre in built:
+        with OpCounter() as counter:  # (not training: no batch augments)
+            pre(
+                dict(inputs=[torch.zeros((3, 64, 64), dtype=torch.uint8)] *
+                     batch))
+        totals.append(counter.total)
+    return totals[0] - totals[1]
+
+
 def test_ops_mode_counts_fewer_operations_same_step(tmp_path):
     """--ops on the YOLOX-tiny sample (240 groups, ExpMomentumEMA): the
     optimizer and EMA fused, the model's own step untouched."""
@@ -65,8 +93,13 @@ def test_ops_mode_counts_fewer_operations_same_step(tmp_path):
                                                               with_stride=True)
     kept = made.total - 3
     assert kept > 3 * 5
+    # and the data preprocessor makes the batch's (square, padded) images
+    # for the whole batch: counted on the config's preprocessor
+    images = _image_step_saving('configs/yolox/yolox_tiny_fast_sample.py',
+                                r['batch_size'])
+    assert images >= r['batch_size']
     assert 0 <= stock['phases']['train_step'] - fast['phases'][
-        'train_step'] - kept <= 8
+        'train_step'] - kept - images <= 8
     # the targets are their own phase on both paths (per image on stock,
     # batched on fast; at batch 2 an image the batched path sends the stock
     # way can make fast's phase the larger one)

@@ -11,7 +11,8 @@ the internal, the installed and the checked version and what to do. See
 # yapf: disable
 from fast_parallel.compat.core import (CHECKED_ON, ITEM_OP, CompatError,
                                        installed_version,
-                                       missing_internal_error, private)
+                                       missing_internal_error, private,
+                                       tensor_version)
 from fast_parallel.compat.mmdet import (STATEFUL_MODULE_ATTRS,
                                         SWITCH_ONCE_HOOKS, YOLOX_HEAD_METHODS,
                                         hsv_gains, mix_skip_type_keys,
@@ -26,6 +27,7 @@ from fast_parallel.compat.mmengine import (CHECKPOINT_SAVE_METHOD,
                                            data_element_fields,
                                            decide_val_interval,
                                            history_statistics_methods,
+                                           image_steps,
                                            infinite_iterator_class,
                                            is_resuming, loader_config,
                                            loop_length, loop_progress,
@@ -62,7 +64,7 @@ __all__ = [
     'mix_skip_type_keys', 'mosaic_combine', 'check_dataloader_internals',
     'check_runner', 'counts_iterations', 'data_element_fields',
     'dataloader_class', 'decide_val_interval', 'dispatch_mode_class',
-    'fast_iterator_classes', 'history_statistics_methods',
+    'fast_iterator_classes', 'history_statistics_methods', 'image_steps',
     'infinite_iterator_class', 'installed_version', 'is_resuming',
     'iterator_base_seed', 'loader_config', 'loop_length', 'loop_progress',
     'message_hub_instances', 'missing_internal_error', 'nameless_shared_empty',
@@ -70,6 +72,6 @@ __all__ = [
     'preprocessor_device', 'private', 'randomness_config', 'run_forward',
     'runner_loop', 'set_persistent_iterator', 'shutdown_workers',
     'start_iterator', 'started_iterators', 'storage_use_count',
-    'switched_hooks', 'worker_pids', 'yolox_bbox_decode',
+    'switched_hooks', 'tensor_version', 'worker_pids', 'yolox_bbox_decode',
     'yolox_targets_single'
 ]

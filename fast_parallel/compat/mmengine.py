@@ -108,6 +108,14 @@ def preprocessor_device(preprocessor: Any) -> Any:
     return getattr(preprocessor, '_device', None)
 
 
+def image_steps(preprocessor: Any) -> tuple:
+    """``ImgDataPreprocessor``'s ``(_channel_conversion,
+    _enable_normalize)``: whether it flips the channels and normalises."""
+    used_for = 'the batched image step of the data preprocessor'
+    return (private(preprocessor, '_channel_conversion', 'mmengine', used_for),
+            private(preprocessor, '_enable_normalize', 'mmengine', used_for))
+
+
 #: The attributes of a ``BaseDataElement`` that list its field names.
 ELEMENT_FIELD_SETS = ('_metainfo_fields', '_data_fields')
 

@@ -85,7 +85,9 @@ UPSTREAM: Dict[str, Tuple[str, str, str]] = {
                               'BboxOverlapsNearest3D', 'mmdet3d'),
     'get_direction_target': ('mmdet3d.models.dense_heads.train_mixins',
                              'get_direction_target', 'mmdet3d'),
-    # mmdet3d's voxelising data preprocessor
+    # the data preprocessors: mmdet's images, mmdet3d's voxels
+    'DetDataPreprocessor': ('mmdet.models.data_preprocessors',
+                            'DetDataPreprocessor', 'mmdet'),
     'Det3DDataPreprocessor': ('mmdet3d.models.data_preprocessors',
                               'Det3DDataPreprocessor', 'mmdet3d'),
     'VoxelizationByGridShape': ('mmdet3d.models.data_preprocessors.voxelize',
@@ -178,6 +180,7 @@ STANDS_FOR: Dict[str, Tuple[str, ...]] = {
     ('anchor_target_3d_single', 'anchor_target_single_assigner'),
     'CenterHead': ('get_targets_single', ),
     'Det3DDataPreprocessor': ('voxelize', ),
+    'DetDataPreprocessor': ('forward', 'cast_data'),
     'Voxelization': ('forward', ),
     'PointPillarsScatter': ('forward', 'forward_batch'),
     'DETRHead':

@@ -1,0 +1,188 @@
+"""The batch's images flipped, normalised and padded for the whole batch.
+
+mmengine's ``ImgDataPreprocessor.forward``, under mmdet's
+``DetDataPreprocessor``, makes the batch image by image: channel flip,
+``float()``, ``(x - mean) / std`` and ``F.pad`` for each, then a stack (13 +
+5 B operations). :func:`switch_images` makes one preprocessor instance a
+:class:`FastDetDataPreprocessor`, whose image step does the same for the
+whole batch in at most B + 6 operations, with stock's bits: every element
+goes through the same correctly rounded IEEE operations (the same
+conversion, one subtraction, one division). Why, and what stays stock:
+``docs/step.md``, "Images".
+"""
+import math
+from typing import Any, List, Optional, Union
+
+import torch
+from mmdet.models.data_preprocessors import DetDataPreprocessor
+from mmengine.logging import MMLogger
+from mmengine.model import ImgDataPreprocessor, is_model_wrapper
+from torch import Tensor, nn
+
+from fast_parallel.compat.core import tensor_version
+from fast_parallel.compat.mmengine import image_steps
+from fast_parallel.compat.targets import replaced_reason
+from fast_parallel.outcome import Outcome
+
+__all__ = ['FastDetDataPreprocessor', 'batch_images', 'switch_images']
+
+#: Sizes below this are exact in stock's float32 size arithmetic.
+_EXACT_SIZE = 1 << 24
+#: Integer image dtypes: no NaN in them, so NaN can mark the padding.
+_INTEGER = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _plan(pre: Any, inputs: Any) -> Union[str, tuple]:
+    """The padded ``(height, width)`` of this batch's images, or why they
+    take stock's way (a str)."""
+    if not isinstance(inputs, list) or not inputs or \
+            any(type(x) is not Tensor for x in inputs):
+        return 'inputs not a list of tensors'
+    first = inputs[0]
+    if any(x.dim() != 3 or x.dtype != first.dtype or x.device != first.device
+           or x.shape[0] != first.shape[0] or x.requires_grad for x in inputs):
+        return 'images not (C, H, W) of one dtype and device'
+    divisor, pad_value = pre.pad_size_divisor, pre.pad_value
+    if type(divisor) is not int or divisor < 1 or \
+            type(pad_value) not in (int, float):
+        return 'pad_size_divisor or pad_value not a plain number'
+    if max(max(x.shape) for x in inputs) + divisor >= _EXACT_SIZE:
+        return 'an image side near 2**24'
+    conversion, normalize = image_steps(pre)
+    if conversion and first.shape[0] < 3:
+        return 'a channel flip of fewer than 3 channels'
+    if normalize and pre.mean.shape[0] == 3 and \
+            (3 if conversion else first.shape[0]) != 3:
+        return 'mean of 3 values, images not of 3 channels'
+    # stock: ceil(max size / divisor) * divisor in float32, exact below
+    # 2**24 (a quotient that is not whole is over 1 / divisor from one)
+    height = math.ceil(max(x.shape[1] for x in inputs) / divisor) * divisor
+    width = math.ceil(max(x.shape[2] for x in inputs) / divisor) * divisor
+    padded = any(x.shape[1:] != (height, width) for x in inputs)
+    if padded and normalize:  # NaN marks the padding through the division
+        if first.dtype not in _INTEGER:
+            return 'images to pad and normalise not of an integer dtype'
+        if not _finite(pre):
+            return 'mean or std not finite, or std 0'
+    return height, width, padded
+
+
+def _finite(pre: Any) -> bool:
+    """Whether ``mean`` and ``std`` are finite and ``std`` has no zero (then
+    no normalised integer image has NaN), checked once per buffer state."""
+    key = (pre.mean, tensor_version(pre.mean), pre.std,
+           tensor_version(pre.std))
+    checked = pre.fast_images_checked
+    if checked is None or checked[0][0] is not key[0] or \
+            checked[0][2] is not key[2] or checked[0][1::2] != key[1::2]:
+        finite = bool(
+            torch.isfinite(pre.mean).all() & torch.isfinite(pre.std).all()
+            & (pre.std != 0).all())
+        pre.fast_images_checked = (key, finite)
+    return pre.fast_images_checked[1]
+
+
+def batch_images(pre: Any, inputs: List[Tensor], height: int, width: int,
+                 padded: bool) -> Tensor:
+    """Stock's list branch of ``ImgDataPreprocessor.forward`` (the images
+    cast) for the whole batch.
+
+    Args:
+        pre: The preprocessor (its flip, ``mean``, ``std``, ``pad_value``).
+        inputs (list[Tensor]): (C, H, W) images of one dtype and device.
+        height (int): The batch's padded height (:func:`_plan`).
+        width (int): Its padded width.
+        padded (bool): Whether an image is smaller than that.
+
+    Returns:
+        Tensor: ``stack_batch`` of stock's images, bit for bit.
+    """
+    conversion, normalize = image_steps(pre)
+    if padded:
+        # padded cells: pad_value, or NaN where normalising follows, then
+        # pad_value (stock pads after it; no normalised image cell is NaN)
+        first = inputs[0]
+        batch = first.new_full((len(inputs), first.shape[0], height, width),
+                               math.nan if normalize else pre.pad_value,
+                               dtype=torch.float32)
+        for image, x in zip(batch, inputs):
+            image[:, :x.shape[1], :x.shape[2]].copy_(x)  # as x.float()
+    else:
+        batch = torch.stack(inputs)  # stock stacks the images too
+    if conversion:
+        batch = batch[:, [2, 1, 0], ...]
+    batch = batch.float()  # the same tensor where float32 already
+    if normalize:
+        batch = (batch - pre.mean) / pre.std
+        if padded:
+            batch.nan_to_num_(
+                nan=pre.pad_value, posinf=math.inf, neginf=-math.inf)
+    return batch
+
+
+class _BatchedImages(ImgDataPreprocessor):
+    """``ImgDataPreprocessor.forward`` with :func:`batch_images` for a list
+    of images. ``DetDataPreprocessor.forward``'s ``super().forward`` comes
+    here in :class:`FastDetDataPreprocessor`'s method order."""
+
+    #: Batches made the stock way (set by :func:`switch_images`).
+    fast_images_stock: int = 0
+    #: ``((mean, version, std, version), finite)`` last checked.
+    fast_images_checked: Optional[tuple] = None
+
+    def forward(self, data: dict, training: bool = False) -> Any:
+        plan = _plan(self, data.get('inputs')) if isinstance(
+            data, dict) else 'data not a dict'
+        if isinstance(plan, str):
+            if not self.fast_images_stock:
+                MMLogger.get_current_instance().info(
+                    'FastParallelHook: images: a batch made the stock way '
+                    f'({plan}); the numbers stay stock\'s. Counted in '
+                    'data_preprocessor.fast_images_stock.')
+            self.fast_images_stock += 1
+            return ImgDataPreprocessor.forward(self, data, training)
+        data = self.cast_data(data)
+        data['inputs'] = batch_images(self, data['inputs'], *plan)
+        data.setdefault('data_samples', None)
+        return data
+
+
+class FastDetDataPreprocessor(DetDataPreprocessor, _BatchedImages):
+    """mmdet's ``DetDataPreprocessor`` whose image step is
+    :func:`batch_images`; its arguments and state dict are stock's. Made by
+    :func:`switch_images` on a built instance."""
+
+
+def switch_images(model: nn.Module, enabled: bool = True) -> Optional[Outcome]:
+    """Makes ``model``'s ``DetDataPreprocessor`` a
+    :class:`FastDetDataPreprocessor`.
+
+    Args:
+        model (nn.Module): The model (a wrapper's module is looked into).
+        enabled (bool): False leaves it stock. Defaults to True.
+
+    Returns:
+        Outcome | None: ``images: DetDataPreprocessor batched`` or why it
+        stays stock, for the start line; None where the model's
+        preprocessor is no mmdet 2D one (mmdet3d's, a classifier's).
+    """
+    if is_model_wrapper(model):
+        model = model.module
+    pre = getattr(model, 'data_preprocessor', None)
+    if not isinstance(pre, DetDataPreprocessor) or any(
+            c.__name__ == 'Det3DDataPreprocessor' for c in type(pre).__mro__):
+        return None  # (mmdet3d's makes its images its own way)
+    name = type(pre).__name__
+    if not enabled:
+        return Outcome('images', False, 'fast_images=False')
+    if type(pre) is DetDataPreprocessor:
+        why = replaced_reason((pre, 'DetDataPreprocessor'))
+    else:
+        why = None if type(pre) is FastDetDataPreprocessor else \
+            f'{name} is not DetDataPreprocessor'
+    if why is not None:
+        return Outcome(
+            'images', False, why, text=f'images: {name} stock '
+            f'({why})')
+    pre.__class__ = FastDetDataPreprocessor
+    return Outcome('images', True, text='images: DetDataPreprocessor batched')
