@@ -11,8 +11,7 @@ the internal, the installed and the checked version and what to do. See
 # yapf: disable
 from fast_parallel.compat.core import (CHECKED_ON, ITEM_OP, CompatError,
                                        installed_version,
-                                       missing_internal_error, private,
-                                       tensor_version)
+                                       missing_internal_error, private)
 from fast_parallel.compat.mmdet import (STATEFUL_MODULE_ATTRS,
                                         SWITCH_ONCE_HOOKS, YOLOX_HEAD_METHODS,
                                         hsv_gains, mix_skip_type_keys,
@@ -72,6 +71,6 @@ __all__ = [
     'preprocessor_device', 'private', 'randomness_config', 'run_forward',
     'runner_loop', 'set_persistent_iterator', 'shutdown_workers',
     'start_iterator', 'started_iterators', 'storage_use_count',
-    'switched_hooks', 'tensor_version', 'worker_pids', 'yolox_bbox_decode',
+    'switched_hooks', 'worker_pids', 'yolox_bbox_decode',
     'yolox_targets_single'
 ]

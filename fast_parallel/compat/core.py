@@ -92,10 +92,3 @@ def private(obj: Any, name: str, package: str, used_for: str) -> Any:
             obj, '__file__') else type(obj).__name__
         raise missing_internal_error(package, f'{owner}.{name}',
                                      used_for) from None
-
-
-def tensor_version(tensor: Any) -> int:
-    """torch's ``Tensor._version``: how many times it was changed in place.
-    """
-    return private(tensor, '_version', 'torch',
-                   'knowing a buffer unchanged since it was checked')

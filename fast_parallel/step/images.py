@@ -5,21 +5,22 @@ mmengine's ``ImgDataPreprocessor.forward``, under mmdet's
 ``float()``, ``(x - mean) / std`` and ``F.pad`` for each, then a stack (13 +
 5 B operations). :func:`switch_images` makes one preprocessor instance a
 :class:`FastDetDataPreprocessor`, whose image step does the same for the
-whole batch in at most B + 6 operations, with stock's bits: every element
+whole batch in at most B + 7 operations, with stock's bits: every element
 goes through the same correctly rounded IEEE operations (the same
-conversion, one subtraction, one division). Why, and what stays stock:
-``docs/step.md``, "Images".
+conversion, one subtraction, one division) and the padded cells get
+``pad_value`` after them, as stock pads after normalising. Why, and what
+stays stock: ``docs/step.md``, "Images".
 """
 import math
 from typing import Any, List, Optional, Union
 
+import numpy as np
 import torch
 from mmdet.models.data_preprocessors import DetDataPreprocessor
 from mmengine.logging import MMLogger
 from mmengine.model import ImgDataPreprocessor, is_model_wrapper
 from torch import Tensor, nn
 
-from fast_parallel.compat.core import tensor_version
 from fast_parallel.compat.mmengine import image_steps
 from fast_parallel.compat.targets import replaced_reason
 from fast_parallel.outcome import Outcome
@@ -28,8 +29,6 @@ __all__ = ['FastDetDataPreprocessor', 'batch_images', 'switch_images']
 
 #: Sizes below this are exact in stock's float32 size arithmetic.
 _EXACT_SIZE = 1 << 24
-#: Integer image dtypes: no NaN in them, so NaN can mark the padding.
-_INTEGER = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def _plan(pre: Any, inputs: Any) -> Union[str, tuple]:
@@ -59,27 +58,18 @@ def _plan(pre: Any, inputs: Any) -> Union[str, tuple]:
     height = math.ceil(max(x.shape[1] for x in inputs) / divisor) * divisor
     width = math.ceil(max(x.shape[2] for x in inputs) / divisor) * divisor
     padded = any(x.shape[1:] != (height, width) for x in inputs)
-    if padded and normalize:  # NaN marks the padding through the division
-        if first.dtype not in _INTEGER:
-            return 'images to pad and normalise not of an integer dtype'
-        if not _finite(pre):
-            return 'mean or std not finite, or std 0'
     return height, width, padded
 
 
-def _finite(pre: Any) -> bool:
-    """Whether ``mean`` and ``std`` are finite and ``std`` has no zero (then
-    no normalised integer image has NaN), checked once per buffer state."""
-    key = (pre.mean, tensor_version(pre.mean), pre.std,
-           tensor_version(pre.std))
-    checked = pre.fast_images_checked
-    if checked is None or checked[0][0] is not key[0] or \
-            checked[0][2] is not key[2] or checked[0][1::2] != key[1::2]:
-        finite = bool(
-            torch.isfinite(pre.mean).all() & torch.isfinite(pre.std).all()
-            & (pre.std != 0).all())
-        pre.fast_images_checked = (key, finite)
-    return pre.fast_images_checked[1]
+def _pad_mask(inputs: List[Tensor], height: int, width: int,
+              device: torch.device) -> Tensor:
+    """(B, 1, height, width): True on each image's padded cells; made from
+    (B, height + width) host flags, one copy to ``device``."""
+    rows = np.arange(height) >= np.array([x.shape[1] for x in inputs])[:, None]
+    cols = np.arange(width) >= np.array([x.shape[2] for x in inputs])[:, None]
+    flags = torch.from_numpy(np.concatenate([rows, cols], axis=1)).to(
+        device, non_blocking=True)
+    return flags[:, None, :height, None] | flags[:, None, None, height:]
 
 
 def batch_images(pre: Any, inputs: List[Tensor], height: int, width: int,
@@ -98,12 +88,13 @@ def batch_images(pre: Any, inputs: List[Tensor], height: int, width: int,
         Tensor: ``stack_batch`` of stock's images, bit for bit.
     """
     conversion, normalize = image_steps(pre)
+    pad_value = float(pre.pad_value)  # as F.pad takes it
     if padded:
-        # padded cells: pad_value, or NaN where normalising follows, then
-        # pad_value (stock pads after it; no normalised image cell is NaN)
+        # (normalised, the padded cells are set after; F.pad checks the
+        # value against the normalised dtype)
         first = inputs[0]
         batch = first.new_full((len(inputs), first.shape[0], height, width),
-                               math.nan if normalize else pre.pad_value,
+                               0.0 if normalize else pad_value,
                                dtype=torch.float32)
         for image, x in zip(batch, inputs):
             image[:, :x.shape[1], :x.shape[2]].copy_(x)  # as x.float()
@@ -114,9 +105,9 @@ def batch_images(pre: Any, inputs: List[Tensor], height: int, width: int,
     batch = batch.float()  # the same tensor where float32 already
     if normalize:
         batch = (batch - pre.mean) / pre.std
-        if padded:
-            batch.nan_to_num_(
-                nan=pre.pad_value, posinf=math.inf, neginf=-math.inf)
+        if padded:  # stock pads after normalising
+            batch.masked_fill_(
+                _pad_mask(inputs, height, width, batch.device), pad_value)
     return batch
 
 
@@ -127,8 +118,6 @@ class _BatchedImages(ImgDataPreprocessor):
 
     #: Batches made the stock way (set by :func:`switch_images`).
     fast_images_stock: int = 0
-    #: ``((mean, version, std, version), finite)`` last checked.
-    fast_images_checked: Optional[tuple] = None
 
     def forward(self, data: dict, training: bool = False) -> Any:
         plan = _plan(self, data.get('inputs')) if isinstance(
