@@ -16,7 +16,8 @@ from mmengine.structures import InstanceData
 from torch import nn
 
 from fast_parallel.bench.opcount import OpCounter
-from fast_parallel.step.images import FastDetDataPreprocessor, switch_images
+from fast_parallel.step.det_preprocessor import FastDetDataPreprocessor
+from fast_parallel.step.images import switch_images
 
 DTYPES = (torch.uint8, torch.int16, torch.int64, torch.float32, torch.float64,
           torch.float16)

@@ -4,28 +4,28 @@ mmengine's ``ImgDataPreprocessor.forward``, under mmdet's
 ``DetDataPreprocessor``, makes the batch image by image: channel flip,
 ``float()``, ``(x - mean) / std`` and ``F.pad`` for each, then a stack (13 +
 5 B operations). :func:`switch_images` makes one preprocessor instance a
-:class:`FastDetDataPreprocessor`, whose image step does the same for the
-whole batch in at most B + 7 operations, with stock's bits: every element
-goes through the same correctly rounded IEEE operations (the same
-conversion, one subtraction, one division) and the padded cells get
-``pad_value`` after them, as stock pads after normalising. Why, and what
-stays stock: ``docs/step.md``, "Images".
+:class:`~fast_parallel.step.det_preprocessor.FastDetDataPreprocessor`,
+whose image step does the same for the whole batch in at most B + 7
+operations, with stock's bits: every element goes through the same
+correctly rounded IEEE operations (the same conversion, one subtraction,
+one division) and the padded cells get ``pad_value`` after them, as stock
+pads after normalising. Why, and what stays stock: ``docs/step.md``,
+"Images".
 """
 import math
 from typing import Any, List, Optional, Union
 
 import numpy as np
 import torch
-from mmdet.models.data_preprocessors import DetDataPreprocessor
 from mmengine.logging import MMLogger
 from mmengine.model import ImgDataPreprocessor, is_model_wrapper
 from torch import Tensor, nn
 
 from fast_parallel.compat.mmengine import image_steps
-from fast_parallel.compat.targets import replaced_reason
+from fast_parallel.compat.targets import replaced_reason, upstream
 from fast_parallel.outcome import Outcome
 
-__all__ = ['FastDetDataPreprocessor', 'batch_images', 'switch_images']
+__all__ = ['BatchedImages', 'batch_images', 'switch_images']
 
 #: Sizes below this are exact in stock's float32 size arithmetic.
 _EXACT_SIZE = 1 << 24
@@ -111,10 +111,11 @@ def batch_images(pre: Any, inputs: List[Tensor], height: int, width: int,
     return batch
 
 
-class _BatchedImages(ImgDataPreprocessor):
+class BatchedImages(ImgDataPreprocessor):
     """``ImgDataPreprocessor.forward`` with :func:`batch_images` for a list
     of images. ``DetDataPreprocessor.forward``'s ``super().forward`` comes
-    here in :class:`FastDetDataPreprocessor`'s method order."""
+    here in :class:`~fast_parallel.step.det_preprocessor.
+    FastDetDataPreprocessor`'s method order."""
 
     #: Batches made the stock way (set by :func:`switch_images`).
     fast_images_stock: int = 0
@@ -136,15 +137,9 @@ class _BatchedImages(ImgDataPreprocessor):
         return data
 
 
-class FastDetDataPreprocessor(DetDataPreprocessor, _BatchedImages):
-    """mmdet's ``DetDataPreprocessor`` whose image step is
-    :func:`batch_images`; its arguments and state dict are stock's. Made by
-    :func:`switch_images` on a built instance."""
-
-
 def switch_images(model: nn.Module, enabled: bool = True) -> Optional[Outcome]:
     """Makes ``model``'s ``DetDataPreprocessor`` a
-    :class:`FastDetDataPreprocessor`.
+    :class:`~fast_parallel.step.det_preprocessor.FastDetDataPreprocessor`.
 
     Args:
         model (nn.Module): The model (a wrapper's module is looked into).
@@ -158,13 +153,19 @@ def switch_images(model: nn.Module, enabled: bool = True) -> Optional[Outcome]:
     if is_model_wrapper(model):
         model = model.module
     pre = getattr(model, 'data_preprocessor', None)
-    if not isinstance(pre, DetDataPreprocessor) or any(
-            c.__name__ == 'Det3DDataPreprocessor' for c in type(pre).__mro__):
+    names = {c.__name__ for c in type(pre).__mro__}
+    if 'DetDataPreprocessor' not in names or \
+            'Det3DDataPreprocessor' in names:
         return None  # (mmdet3d's makes its images its own way)
+    # (mmdet imported only here, for a model that has mmdet's preprocessor)
+    from fast_parallel.step.det_preprocessor import FastDetDataPreprocessor
+    det = upstream('DetDataPreprocessor')
+    if not isinstance(pre, det):
+        return None
     name = type(pre).__name__
     if not enabled:
         return Outcome('images', False, 'fast_images=False')
-    if type(pre) is DetDataPreprocessor:
+    if type(pre) is det:
         why = replaced_reason((pre, 'DetDataPreprocessor'))
     else:
         why = None if type(pre) is FastDetDataPreprocessor else \
