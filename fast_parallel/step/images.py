@@ -17,13 +17,13 @@ from typing import Any, List, Optional, Union
 
 import numpy as np
 import torch
-from mmengine.logging import MMLogger
 from mmengine.model import ImgDataPreprocessor, is_model_wrapper
 from torch import Tensor, nn
 
 from fast_parallel.compat.mmengine import image_steps
 from fast_parallel.compat.targets import replaced_reason, upstream
 from fast_parallel.outcome import Outcome
+from fast_parallel.step.stock_batches import count_stock_batch
 
 __all__ = ['BatchedImages', 'batch_images', 'switch_images']
 
@@ -124,12 +124,8 @@ class BatchedImages(ImgDataPreprocessor):
         plan = _plan(self, data.get('inputs')) if isinstance(
             data, dict) else 'data not a dict'
         if isinstance(plan, str):
-            if not self.fast_images_stock:
-                MMLogger.get_current_instance().info(
-                    'FastParallelHook: images: a batch made the stock way '
-                    f'({plan}); the numbers stay stock\'s. Counted in '
-                    'data_preprocessor.fast_images_stock.')
-            self.fast_images_stock += 1
+            count_stock_batch(self, 'fast_images_stock',
+                              'images: a batch made', plan)
             return ImgDataPreprocessor.forward(self, data, training)
         data = self.cast_data(data)
         data['inputs'] = batch_images(self, data['inputs'], *plan)

@@ -11,11 +11,11 @@ from types import MethodType
 from typing import Any, Dict, List, Optional
 
 import torch
-from mmengine.logging import MMLogger
 from torch import Tensor, nn
 
 from fast_parallel.compat.targets import replaced_reason, upstream
 from fast_parallel.outcome import Outcome
+from fast_parallel.step.stock_batches import count_stock_batch
 from fast_parallel.step.voxelize.hard import hard_voxelize_batch
 from fast_parallel.step.voxelize.scatter import (forward_batch,
                                                  scatter_supported)
@@ -87,12 +87,8 @@ def voxelize(self: Any, points: List[Tensor],
     """
     why = _batch_reason(points)
     if why is not None:
-        if not self.fast_voxelize_stock:
-            MMLogger.get_current_instance().info(
-                'FastParallelHook: voxels: a batch voxelised the stock way '
-                f'({why}); the numbers stay stock\'s. Counted in '
-                'data_preprocessor.fast_voxelize_stock.')
-        self.fast_voxelize_stock += 1
+        count_stock_batch(self, 'fast_voxelize_stock',
+                          'voxels: a batch voxelised', why)
         return type(self).voxelize(self, points, data_samples)
     layer = self.voxel_layer
     max_voxels = layer.max_voxels[0] if layer.training else \
