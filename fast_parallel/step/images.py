@@ -114,8 +114,8 @@ def batch_images(pre: Any, inputs: List[Tensor], height: int, width: int,
 class BatchedImages(ImgDataPreprocessor):
     """``ImgDataPreprocessor.forward`` with :func:`batch_images` for a list
     of images. ``DetDataPreprocessor.forward``'s ``super().forward`` comes
-    here in :class:`~fast_parallel.step.det_preprocessor.
-    FastDetDataPreprocessor`'s method order."""
+    here in the method order of ``FastDetDataPreprocessor``
+    (:mod:`fast_parallel.step.det_preprocessor`)."""
 
     #: Batches made the stock way (set by :func:`switch_images`).
     fast_images_stock: int = 0
