@@ -20,6 +20,7 @@ from fast_parallel.pipeline.stats import share_counts, shared_totals
 from fast_parallel.step.foreach_ema import fuse_ema
 from fast_parallel.step.fused_optim import fuse_optim_wrapper
 from fast_parallel.step.images import switch_images
+from fast_parallel.step.level_switch import switch_level_grads
 from fast_parallel.step.targets.switch import switch_targets
 from fast_parallel.step.voxelize import switch_voxelize
 from fast_parallel.wrappers import (FastDataParallel,
@@ -66,6 +67,10 @@ class FastParallelHook(Hook):
         fast_images (bool): Flip, normalise and pad the batch's images for
             the whole batch in mmdet's ``DetDataPreprocessor``
             (:mod:`fast_parallel.step.images`). Defaults to True.
+        fast_shared_grads (bool): Sum the level gradients of a dense head's
+            shared weights with one foreach op per level, in a run in one
+            process on one device (:mod:`fast_parallel.step.level_grads`).
+            Defaults to True.
         fast_voxelize (bool): Hard-voxelise the whole batch in one pass in
             mmdet3d's data preprocessor. Defaults to True.
         fast_pipeline (bool): Give the train dataset's covered transforms
@@ -92,6 +97,7 @@ class FastParallelHook(Hook):
                  foreach_ema: bool = True,
                  fast_targets: bool = True,
                  fast_images: bool = True,
+                 fast_shared_grads: bool = True,
                  fast_voxelize: bool = True,
                  fast_pipeline: bool = True,
                  cache_inputs: Optional[str] = 'auto',
@@ -102,6 +108,7 @@ class FastParallelHook(Hook):
         self.foreach_ema = foreach_ema
         self.fast_targets = fast_targets
         self.fast_images = fast_images
+        self.fast_shared_grads = fast_shared_grads
         self.fast_voxelize = fast_voxelize
         self.fast_pipeline = fast_pipeline
         from fast_parallel.pipeline.cache_plan import disk_folder
@@ -177,13 +184,14 @@ class FastParallelHook(Hook):
 
     def before_train(self, runner) -> None:
         """Fuses the optimizer step and the EMA updates, switches covered
-        heads to batched targets, and the image step and the voxelisation
-        of the data preprocessor to the whole batch.
+        heads to batched targets and to summed level gradients of their
+        shared weights, and the image step and the voxelisation of the data
+        preprocessor to the whole batch.
 
         Runs after every hook's ``before_run`` (``EMAHook`` builds its
         averaged model there) and after a resumed checkpoint was loaded;
-        both are class swaps of the built instances, so what was loaded
-        stays as it is.
+        each is a change of the built instances (their class, or methods
+        on them), so what was loaded stays as it is.
 
         Args:
             runner (Runner): The runner.
@@ -198,8 +206,13 @@ class FastParallelHook(Hook):
                 fuse_ema(hook.ema_model) for hook in runner.hooks
                 if isinstance(getattr(hook, 'ema_model', None), nn.Module)
             ]
-        for part in (switch_images(runner.model, self.fast_images),
-                     switch_voxelize(runner.model, self.fast_voxelize)):
+        model = runner.model
+        for part in (switch_images(model, self.fast_images),
+                     switch_voxelize(model, self.fast_voxelize),
+                     switch_level_grads(
+                         model.module, self.fast_shared_grads,
+                         isinstance(model, FastDataParallel)
+                         and len(model.device_ids) == 1)):
             if part is not None:
                 outcomes.append(part)
         targets, self.target_stats = switch_targets(runner.model,

@@ -453,6 +453,7 @@ def test_atss_parity_through_the_runner(sample_data, tmp_path, capsys):
             'the stock way') in logs
     # and the losses of every level at once (atss/losses.py)
     assert 'ATSSHead losses over levels at once' in logs
+    assert 'shared head weights: ATSSHead ' in logs
     assert ('ATSSHead losses batched for 2 of 2 batches, 0 computed the '
             'stock way') in logs
 

@@ -286,5 +286,9 @@ def test_fcos_parity_through_the_runner(sample_data, tmp_path, capsys):
         "dict(type='RandomFlip', prob=0.5)"
     ], sample_data, tmp_path, capsys)
     assert 'targets: FCOSHead batched' in logs
+    # 8 convolutions with biases (conv_bias=True) and 8 group norms (2
+    # weights each), 3 output convolutions (2), 5 scales: 43
+    assert ('shared head weights: FCOSHead 43 weights summed per level by '
+            'foreach') in logs
     assert 'FCOSHead batched for 4 of 4 images, 0 computed the stock way' \
         in logs

@@ -210,5 +210,6 @@ def test_mask_rcnn_parity_through_the_runner(sample_data, tmp_path, capsys):
         capsys,
         load="dict(type='LoadAnnotations', with_bbox=True, with_mask=True)")
     assert 'FCNMaskHead batched' in logs
+    assert 'shared head weights: RPNHead ' in logs
     assert 'FCNMaskHead batched for 4 of 4 images, 0 computed the stock way' \
         in logs

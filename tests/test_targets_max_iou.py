@@ -8,6 +8,7 @@ per-image code and the batched one from the same global random state; the
 targets, the sampling results field by field and the random state after
 them must be equal.
 """
+import collections
 import copy
 import random
 from typing import List
@@ -22,6 +23,7 @@ from mmengine.structures import InstanceData
 from targets_utils import DEVICES
 
 from fast_parallel.bench.opcount import OpCounter
+from fast_parallel.compat.targets import SAMPLING_RESULT_FIELDS
 from fast_parallel.step.targets import max_iou, roi
 from fast_parallel.step.targets.max_iou.targets import anchor_head_targets
 from fast_parallel.step.targets.priors import inside_flags
@@ -319,10 +321,22 @@ def test_roi_sampling_matches_stock(device: str) -> None:
         assert_same_sampling(stock, fast, f'roi seed {seed}')
 
 
+def test_sampling_results_have_stock_fields() -> None:
+    """The fields the batched RoI families set are exactly those stock's
+    ``SamplingResult.__init__`` sets, in its order."""
+    gts, props = _roi_case(3)
+    stock = _stock_rois(ROI, props, gts)
+    assert all(
+        tuple(vars(r)) == SAMPLING_RESULT_FIELDS
+        for r in stock + sample_rois(ROI, props, gts))
+
+
 def test_roi_operations_do_not_grow_much_with_the_batch() -> None:
     """Stock's ops grow by a whole assign + sample per image; the batched
-    ones by the few each image's SamplingResult is built with."""
-    counts = {}
+    ones only by the sampler's own draws (one ``randperm`` per image where
+    it has more candidates than it keeps, in stock's order): each image's
+    ``SamplingResult`` holds views of batch-wide tensors."""
+    counts, ops = {}, {}
     for num_imgs in (2, 8):
         rng = random.Random(0)
         gen = torch.Generator().manual_seed(0)
@@ -334,8 +348,12 @@ def test_roi_operations_do_not_grow_much_with_the_batch() -> None:
             with OpCounter() as counter:
                 run(ROI, props, gts)
             counts[name, num_imgs] = counter.total
+            ops[name, num_imgs] = counter.ops
     grow = {n: (counts[n, 8] - counts[n, 2]) / 6 for n in ('stock', 'fast')}
-    assert grow['fast'] <= 12 < 3 * 12 <= grow['stock'], (counts, grow)
+    assert grow['fast'] <= 2 < 36 <= grow['stock'], (counts, grow)
+    more = collections.Counter(ops['fast', 8])
+    more.subtract(ops['fast', 2])
+    assert {op for op, n in more.items() if n} == {'randperm'}, more
     assert roi.supported(ROI) is None
 
 

@@ -141,6 +141,16 @@ DN_LOSS_SINGLE = '_loss_dn_single'
 #: batched targets stand for and fall back to.
 TARGETS_SINGLE = '_get_targets_single'
 
+#: What mmdet 3.3.0's ``SamplingResult.__init__`` sets, in its order; the
+#: RoI families build each image's result with these from batch-wide
+#: tensors (``tests/test_targets_max_iou.py`` checks the list against a
+#: stock instance's ``vars``).
+SAMPLING_RESULT_FIELDS = ('pos_inds', 'neg_inds', 'num_pos', 'num_neg',
+                          'avg_factor_with_neg', 'avg_factor', 'pos_priors',
+                          'neg_priors', 'pos_is_gt', 'num_gts',
+                          'pos_assigned_gt_inds', 'pos_gt_labels',
+                          'pos_gt_bboxes')
+
 #: The methods of mmdet's ``RandomSampler`` that decide its draws; one of
 #: them set on an instance keeps that sampler stock.
 RANDOM_SAMPLER_METHODS = ('sample', '_sample_pos', '_sample_neg',

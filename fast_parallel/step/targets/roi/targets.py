@@ -8,12 +8,12 @@ as stock does (same sizes, same order, same generator) and returns each
 image's ``SamplingResult``, equal to stock's field by field, for stock's own
 ``bbox_loss`` and ``mask_loss``.
 """
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from fast_parallel.compat.targets import upstream
+from fast_parallel.compat.targets import SAMPLING_RESULT_FIELDS, upstream
 from fast_parallel.step.targets.dynamic_k import nonzero
 from fast_parallel.step.targets.max_iou.assign import assign_batch
 from fast_parallel.step.targets.max_iou.sampling import (sample_batch,
@@ -22,7 +22,10 @@ from fast_parallel.step.targets.max_iou.targets import assigner_reason
 from fast_parallel.step.targets.padding import pad_gts, pad_rows, to_device
 from fast_parallel.step.targets.stock_way import batch_targets
 
-__all__ = ['batch_reason', 'roi_samples', 'sample_rois', 'sampling_reason']
+__all__ = [
+    'batch_reason', 'roi_samples', 'sample_rois', 'sampling_reason',
+    'sampling_results'
+]
 
 
 def sampling_reason(assigner: Any, sampler: Any) -> Optional[str]:
@@ -201,31 +204,75 @@ def sample_rois(head: Any,
     width = gt_inds.shape[1]
     index, local = _ragged_index(gt_counts, roi_counts, gt_width, width,
                                  add_gts, device)
-    sizes = [(g if add_gts and g else 0) + p
-             for g, p in zip(gt_counts, roi_counts)]
-    parts = [
-        t.reshape(-1, *t.shape[2:])[index].split(sizes)
-        for t in (priors, gt_inds, max_overlaps, labels, flags)
-    ]
+    # every image's priors, one after the other in stock's order
+    cat_priors, cat_gt_inds, cat_labels, cat_flags = (
+        t.reshape(-1, *t.shape[2:])[index]
+        for t in (priors, gt_inds, labels, flags))
     # stock's pos_inds / neg_inds: ascending indices within each image
-    pos = local[nonzero(sampled.pos.reshape(-1)[index],
-                        sum(sampled.num_pos))].split(sampled.num_pos)
-    neg = local[nonzero(sampled.neg.reshape(-1)[index],
-                        sum(sampled.num_neg))].split(sampled.num_neg)
+    pos_at = nonzero(sampled.pos.reshape(-1)[index], sum(sampled.num_pos))
+    neg_at = nonzero(sampled.neg.reshape(-1)[index], sum(sampled.num_neg))
+    assigned = cat_gt_inds[pos_at] - 1
+    rows = _gt_rows(gt_counts, sampled.num_pos, gt.shape[1], device)
+    fields = dict(
+        pos_inds=local[pos_at],
+        neg_inds=local[neg_at],
+        pos_priors=cat_priors[pos_at],
+        neg_priors=cat_priors[neg_at],
+        pos_is_gt=cat_flags[pos_at],
+        pos_assigned_gt_inds=assigned,
+        pos_gt_labels=cat_labels[pos_at],
+        pos_gt_bboxes=gt.reshape(-1, 4)[rows + assigned])
+    return sampling_results(
+        {
+            name:
+            value.split(
+                sampled.num_neg if name.startswith('neg') else sampled.num_pos)
+            for name, value in fields.items()
+        }, [g.bboxes for g in gts])
+
+
+def _gt_rows(gt_counts: Sequence[int], num_pos: Sequence[int], width: int,
+             device: torch.device) -> Tensor:
+    """Each positive's image's first row in the padded ground truths
+    ``(B * width, 4)``; one copy to the device."""
+    rows: List[int] = []
+    for i, count in enumerate(num_pos):
+        rows.extend([i * width] * count)
+    return to_device(torch.tensor(rows, dtype=torch.long), device)
+
+
+def sampling_results(fields: Dict[str, Sequence[Tensor]],
+                     gt_bboxes: Sequence[Tensor]) -> List[Any]:
+    """Each image's ``SamplingResult``, its fields set as stock's
+    ``SamplingResult.__init__`` sets them (``avg_factor_with_neg=True``, as
+    ``RandomSampler`` makes them), from per-image views of batch-wide
+    tensors (:data:`~fast_parallel.compat.targets.SAMPLING_RESULT_FIELDS`).
+
+    Args:
+        fields (dict[str, Sequence[Tensor]]): Per image: ``pos_inds``,
+            ``neg_inds``, ``pos_priors``, ``neg_priors``, ``pos_is_gt``,
+            ``pos_assigned_gt_inds``, ``pos_gt_labels``, ``pos_gt_bboxes``.
+        gt_bboxes (Sequence[Tensor]): Each image's ``(G, 4)`` ground truths.
+
+    Returns:
+        list[SamplingResult]: Stock's, image by image.
+    """
+    cls = upstream('SamplingResult')
     results = []
-    for i in range(num_imgs):
-        prior_i, inds_i, overlaps_i, labels_i, flags_i = (p[i] for p in parts)
-        assign = upstream('AssignResult')(
-            num_gts=gt_counts[i],
-            gt_inds=inds_i,
-            max_overlaps=overlaps_i,
-            labels=labels_i)
-        results.append(
-            upstream('SamplingResult')(
-                pos_inds=pos[i],
-                neg_inds=neg[i],
-                priors=prior_i,
-                gt_bboxes=gts[i].bboxes,
-                assign_result=assign,
-                gt_flags=flags_i))
+    for i, boxes in enumerate(gt_bboxes):
+        result = cls.__new__(cls)
+        values = {name: parts[i] for name, parts in fields.items()}
+        num_pos = max(values['pos_inds'].numel(), 1)
+        num_neg = max(values['neg_inds'].numel(), 1)
+        values.update(
+            num_pos=num_pos,
+            num_neg=num_neg,
+            avg_factor_with_neg=True,
+            avg_factor=num_pos + num_neg,
+            num_gts=boxes.shape[0])
+        if boxes.numel() == 0:  # stock's view of the empty ground truths
+            values['pos_gt_bboxes'] = boxes.view(-1, 4)
+        vars(result).update(
+            (name, values[name]) for name in SAMPLING_RESULT_FIELDS)
+        results.append(result)
     return results
