@@ -150,7 +150,7 @@ def test_level_sums_equal_stock_bits(name: str, case: str) -> None:
         fast.zero_grad(set_to_none=True)
     state = fast.fast_level_grads
     assert state.stock == 0 and state.fast >= 2
-    assert not state.arrivals and not state.queued
+    assert not state.arrivals and not state.stock_passes
 
 
 @pytest.mark.parametrize('name', ['FCOSHead', 'RPNHead'])
@@ -365,3 +365,59 @@ def test_a_pickled_model_switched_again_sums_again() -> None:
     assert switch_level_grads(back, True, True).done
     loss_of(back[0](features(6)), 6).backward()
     assert back[0].fast_level_grads.fast == 1
+
+
+def test_a_pass_that_raised_leaves_nothing_behind() -> None:
+    """A pass that raises midway (caught), then the same retained graph
+    backwarded again, then a mixed pass refused (caught) and a clean step:
+    stock's gradients each time, nothing left on the aliases."""
+    stock = build('RetinaHead')
+    fast = switched(stock)
+    for head in (stock, fast):
+        outs = head(features(12))
+        failed = []
+
+        def once(grad, failed=failed):
+            if not failed:
+                failed.append(1)
+                raise ValueError('once')
+
+        outs[0][2].register_hook(once)
+        loss = loss_of(outs, 12)
+        with pytest.raises(ValueError, match='once'):
+            loss.backward(retain_graph=True)
+        head.zero_grad(set_to_none=True)
+        loss.backward()
+    assert_same_grads(stock, fast)
+    with torch.autograd.graph.save_on_cpu():
+        kept = fast(features(13))  # the stock way: saved-tensor hooks
+    with pytest.raises(RuntimeError, match='one the stock way'):
+        (loss_of(kept, 13) + loss_of(fast(features(14)), 14)).backward()
+    for head in (stock, fast):
+        head.zero_grad(set_to_none=True)
+        loss_of(head(features(15)), 15).backward()
+    assert_same_grads(stock, fast)
+    state = fast.fast_level_grads
+    assert all(a is None or a.grad is None for sets in state.aliases
+               for level in sets for a in level)
+
+
+def test_hooks_that_change_their_value_fail_as_on_stock() -> None:
+    for head in (build('RPNHead'), switched(build('RPNHead'))):
+        outs = head(features(16))
+        head.rpn_conv.weight.register_hook(lambda g: g.double())
+        with pytest.raises(RuntimeError, match='has changed the type'):
+            loss_of(outs, 16).backward()
+
+
+def test_second_order_to_the_outputs_only_is_exact() -> None:
+    """create_graph=True that stops at the head's outputs never enters it:
+    no error, stock's first-order gradients after."""
+    stock = build('GFLHead')
+    fast = switched(stock)
+    for head in (stock, fast):
+        outs = head(features(17))
+        flat = [o for group in outs for o in group]
+        grads = torch.autograd.grad(loss_of(outs, 17), flat, create_graph=True)
+        (sum(g.pow(2).sum() for g in grads) + loss_of(outs, 18)).backward()
+    assert_same_grads(stock, fast)

@@ -48,18 +48,29 @@ def has_grad_hooks(param: Tensor) -> bool:
 
 def run_tensor_hooks(param: Tensor, grad: Tensor) -> Tensor:
     """``param``'s tensor hooks on ``grad``, in order, as autograd runs a
-    leaf's before it accumulates (a hook may return a new gradient)."""
-    for hook in (private(param, _HOOKS[0], 'torch', _USE) or {}).values():
+    leaf's before it accumulates: a hook may return a new gradient of the
+    same size, dtype and device (else stock's error)."""
+    for hook in list((private(param, _HOOKS[0], 'torch', _USE)
+                      or {}).values()):
         result = hook(grad)
-        if result is not None:
-            grad = result
+        if result is None:
+            continue
+        name = getattr(hook, '__name__', type(hook).__name__)
+        for what, was, got in (('size', grad.shape, result.shape),
+                               ('type', grad.dtype, result.dtype),
+                               ('device', grad.device, result.device)):
+            if was != got:
+                raise RuntimeError(f"hook '{name}' has changed the {what} "
+                                   f'of value (was {was} got {got})')
+        grad = result
     return grad
 
 
 def run_post_accumulate_hooks(param: Tensor) -> None:
     """``param``'s post-accumulate-grad hooks, as autograd runs them after
     it accumulated."""
-    for hook in (private(param, _HOOKS[1], 'torch', _USE) or {}).values():
+    for hook in list((private(param, _HOOKS[1], 'torch', _USE)
+                      or {}).values()):
         hook(param)
 
 

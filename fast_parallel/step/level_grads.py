@@ -61,9 +61,10 @@ class LevelGrads:
         #: aliases[set][level][i]: weight i's alias (made on first use); a
         #: forward takes a set no live autograd graph holds.
         self.aliases: List[List[List[Optional[Tensor]]]] = []
-        #: (weight, alias) per gradient, in the order autograd gave them.
-        self.arrivals: List[Tuple[int, Tensor]] = []
-        self.queued = False
+        #: Per backward pass (its task id): (weight, gradient) in the order
+        #: autograd gave them (taken off the alias at once, so that a pass
+        #: that raised leaves no alias gradient behind).
+        self.arrivals: Dict[int, List[Tuple[int, Tensor]]] = {}
         self.active: Optional[int] = None
         self.level = 0
         self.fast = 0
@@ -76,12 +77,7 @@ class LevelGrads:
         """Without the aliases (their hooks are closures) or a pass's
         arrivals: a copy makes its own aliases on its first forward."""
         state = dict(vars(self))
-        state.update(
-            aliases=[],
-            arrivals=[],
-            queued=False,
-            active=None,
-            stock_passes=set())
+        state.update(aliases=[], arrivals={}, active=None, stock_passes=set())
         return state
 
     # ------------------------------------------------------------ forward
@@ -102,8 +98,6 @@ class LevelGrads:
         if torch.is_autocast_enabled(first.device.type):
             return ('autocast: stock sums the shared weights\' half '
                     'gradients before their cast')
-        if torch.compiler.is_compiling():
-            return 'torch.compile traces the head'
         for slots, name, i in self.slots:
             if slots.get(name) is not self.params[i]:
                 return f'weight {name} was replaced on its module'
@@ -114,6 +108,8 @@ class LevelGrads:
     def count_stock(self, why: str, outs: Any) -> None:
         """Counts one forward that keeps stock's sums (logs the first) and
         marks the backward passes that reach its outputs."""
+        if not in_backward_pass():  # the passes marked before have ended
+            self.stock_passes.clear()
         _watch(outs, self.mark_stock_pass)
         self.stock += 1
         if not self.reported:
@@ -131,8 +127,7 @@ class LevelGrads:
         order needs)."""
         self.level = 0
         self.fast += 1
-        if self.queued:  # (no pass runs: stock_reason) the last one raised
-            self.discard()
+        self.arrivals.clear()  # no pass runs (stock_reason): any raised
         for k, levels in enumerate(self.aliases):
             if not any(
                     graph_holds(alias) for aliases in levels
@@ -173,42 +168,34 @@ class LevelGrads:
         def arrived(tensor: Tensor) -> None:
             if torch.is_grad_enabled():
                 _second_order(self.head)
-            self.arrivals.append((i, tensor))
-            if not self.queued:
-                self.queued = True
-                queue_callback(self.sum_grads)
+            task = graph_task()
+            if task not in self.arrivals:
+                self.arrivals[task] = []
+                queue_callback(lambda: self.sum_grads(task))
+            self.arrivals[task].append((i, tensor.grad))
+            tensor.grad = None
 
         alias.register_post_accumulate_grad_hook(arrived)
         return alias
 
     # ----------------------------------------------------------- backward
-    def discard(self) -> None:
-        """Drops the gradients of a backward pass that raised before its
-        end (stock's ``.grad`` would hold the weights whose gradients were
-        complete; the error said the step failed)."""
-        for _, alias in self.arrivals:
-            alias.grad = None
-        self.arrivals, self.queued = [], False
-
     def mark_stock_pass(self, grad: Tensor) -> None:
         """An output hook of a stock-way forward: this pass reaches it."""
         self.stock_passes.add(graph_task())
 
-    def sum_grads(self) -> None:
-        """When the backward pass ends: each weight's level gradients summed
-        in the order they came, added to its ``.grad`` as stock's
-        ``AccumulateGrad`` adds."""
-        arrivals, self.arrivals = self.arrivals, []
-        self.queued = False
-        mixed = graph_task() in self.stock_passes
-        self.stock_passes.clear()
-        if mixed:
+    def sum_grads(self, task: int) -> None:
+        """When backward pass ``task`` ends: each weight's level gradients
+        summed in the order they came, added to its ``.grad`` as stock's
+        ``AccumulateGrad`` adds. (A pass that raised never gets here; its
+        gradients are dropped at the next forward.)"""
+        arrivals = self.arrivals.pop(task, [])
+        if task in self.stock_passes:
+            self.stock_passes.discard(task)
             _mixed(self.head)
         per_param: Dict[int, List[Tensor]] = {}
-        for i, alias in arrivals:
+        for i, grad in arrivals:
             if self.params[i].requires_grad:  # else frozen since: no .grad
-                per_param.setdefault(i, []).append(alias.grad)
-            alias.grad = None
+                per_param.setdefault(i, []).append(grad)
         with torch.no_grad():
             sums = {i: grads[0] for i, grads in per_param.items()}
             depth = max(map(len, per_param.values()), default=0)
@@ -217,8 +204,9 @@ class LevelGrads:
                 foreach_add_([sums[i] for i in rows],
                              [per_param[i][k] for i in rows])
             hooked = [i for i in sums if has_grad_hooks(self.params[i])]
-            for i in hooked:  # hooks registered after the forward
-                sums[i] = run_tensor_hooks(self.params[i], sums[i])
+            for i in hooked:  # hooks registered after the forward; a hook
+                # may keep its tensor: .grad gets a copy, as a held buffer
+                sums[i] = run_tensor_hooks(self.params[i], sums[i]).clone()
             held = [i for i in sums if self.params[i].grad is not None]
             if held:
                 foreach_add_([self.params[i].grad for i in held],
@@ -266,24 +254,26 @@ def _watch(outs: Any, hook: Any) -> None:
             item.register_hook(hook)
 
 
-def _watch_second_order(state: 'LevelGrads', outs: Any) -> None:
-    """A hook on each output that fails a backward pass with
-    ``create_graph=True`` through the head (e.g. a gradient penalty on its
-    inputs): the graph it builds would reach an alias twice."""
+def _watch_second_order(state: 'LevelGrads', feats: Any) -> None:
+    """A hook on each input feature that fails a backward pass with
+    ``create_graph=True`` through the head (a gradient penalty on its
+    inputs): the graph it builds would reach an alias twice. (One that
+    reaches the weights fails at their aliases; one that stops at the
+    outputs never enters the head.)"""
 
     def check(grad: Tensor) -> None:
         if torch.is_grad_enabled():
             _second_order(state.head)
 
-    _watch(outs, check)
+    _watch(feats, check)
 
 
 def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """Stock's ``forward``; with grad, each level on its own aliases."""
     state: LevelGrads = self.fast_level_grads
     stock = type(self).forward
-    if self is not state.head or not torch.is_grad_enabled() or \
-            state.active is not None:
+    if torch.compiler.is_compiling() or self is not state.head or \
+            not torch.is_grad_enabled() or state.active is not None:
         return stock(self, *args, **kwargs)
     why = state.stock_reason(args)
     if why is not None:
@@ -295,7 +285,7 @@ def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         outs = stock(self, *args, **kwargs)
     finally:
         state.active = None
-    _watch_second_order(state, outs)
+    _watch_second_order(state, args[0])
     return outs
 
 
