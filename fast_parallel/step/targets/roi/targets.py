@@ -180,7 +180,8 @@ def sample_rois(head: Any,
         assigner, sampler = assigner[stage], sampler[stage]
     overlaps = assigner.iou_calculator(gt, rois)
     overlaps = overlaps.masked_fill(~roi_mask[:, None], -1.)
-    gt_inds, max_overlaps = assign_batch(assigner, overlaps, gt_mask)
+    # (its max overlaps: no SamplingResult field)
+    gt_inds, _ = assign_batch(assigner, overlaps, gt_mask)
     gt_of = (gt_inds - 1).clamp(min=0)
     labels = torch.where(gt_inds > 0, gt_labels.gather(1, gt_of), -1)
     gt_inds = gt_inds.masked_fill(~roi_mask, -1)
@@ -189,8 +190,6 @@ def sample_rois(head: Any,
     if add_gts:  # stock's add_gt_: the ground truths first, as proposals
         own = torch.arange(1, gt_width + 1, device=device).expand(num_imgs, -1)
         gt_inds = torch.cat([own.masked_fill(~gt_mask, -1), gt_inds], 1)
-        max_overlaps = torch.cat(
-            [max_overlaps.new_ones((num_imgs, gt_width)), max_overlaps], 1)
         labels = torch.cat([gt_labels, labels], 1)
         priors = torch.cat([gt, rois], 1)
         flags = torch.cat([
@@ -212,7 +211,7 @@ def sample_rois(head: Any,
     pos_at = nonzero(sampled.pos.reshape(-1)[index], sum(sampled.num_pos))
     neg_at = nonzero(sampled.neg.reshape(-1)[index], sum(sampled.num_neg))
     assigned = cat_gt_inds[pos_at] - 1
-    rows = _gt_rows(gt_counts, sampled.num_pos, gt.shape[1], device)
+    rows = _gt_rows(sampled.num_pos, gt.shape[1], device)
     fields = dict(
         pos_inds=local[pos_at],
         neg_inds=local[neg_at],
@@ -231,7 +230,7 @@ def sample_rois(head: Any,
         }, [g.bboxes for g in gts])
 
 
-def _gt_rows(gt_counts: Sequence[int], num_pos: Sequence[int], width: int,
+def _gt_rows(num_pos: Sequence[int], width: int,
              device: torch.device) -> Tensor:
     """Each positive's image's first row in the padded ground truths
     ``(B * width, 4)``; one copy to the device."""
