@@ -109,7 +109,8 @@ def test_mix_dataset_with_the_disk_cache_gives_stock_samples(
     folder = tmp_path / 'decoded'
     line = str(switch_pipeline(fast, cache_inputs=f'disk:{folder}'))
     assert line.endswith(f'; inputs cached on disk in {folder} (one .npy '
-                         'per decoded image)'), line
+                         'per decoded image); Mosaic decodes only the patches '
+                         'RandomAffine reads'), line
     assert type(fast.dataset.pipeline.transforms[0]) is FastLoadImageFromFile
 
     def epoch(dataset, seed, workers):

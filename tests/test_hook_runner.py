@@ -268,7 +268,7 @@ def test_one_line_says_the_fast_path_is_on(kind, workers, fused, runs):
         ' available): gt-database files'
     }[kind]) or kind == 'yolox' and summary.endswith(
         ' available): images; Mosaic/MixUp resizes cached too (up to 0.0 GB)'
-    ), summary
+        '; Mosaic decodes only the patches RandomAffine reads'), summary
     # every sample of the epoch took the batched targets, counted, logged
     stats = head.fast_target_stats
     assert stats.calls > 0 and stats.samples >= stats.calls

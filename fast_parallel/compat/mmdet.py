@@ -77,6 +77,22 @@ def mosaic_combine(transform: Any) -> Any:
     return private(transform, '_mosaic_combine', 'mmdet', 'the fast Mosaic')
 
 
+def affine_matrix(transform: Any) -> Any:
+    """``RandomAffine._get_random_homography_matrix``: the warp's random
+    matrix (stock's draws), peeked by the fast Mosaic."""
+    return private(transform, '_get_random_homography_matrix', 'mmdet',
+                   'the fast Mosaic (patches RandomAffine never reads)')
+
+
+def own_random_matrix(transform: Any) -> bool:
+    """Whether a ``RandomAffine`` instance draws its matrix with the class's
+    ``_get_random_homography_matrix``, outside mmcv's
+    ``cache_random_params`` (its ``_cache_enabled``): a peek at its draws
+    is then what its next call draws."""
+    return not getattr(transform, '_cache_enabled', False) and \
+        '_get_random_homography_matrix' not in vars(transform)
+
+
 def hsv_gains(transform: Any) -> Any:
     """``YOLOXHSVRandomAug._get_hsv_gains``: the sample's random gains
     (stock's draws)."""

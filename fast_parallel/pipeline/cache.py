@@ -228,14 +228,45 @@ class FastLoadImageFromFile(LoadImageFromFile):
     """``LoadImageFromFile`` that takes a decoded image from the run's
     cache (``_fp_cache``, set by the switch: a :class:`DecodedCache` or a
     :class:`~fast_parallel.pipeline.disk_cache.DiskCache`), when it has it;
-    stock's decode otherwise."""
+    stock's decode otherwise. With a shape memo (``_fp_shapes``, a
+    :class:`~fast_parallel.pipeline.unread.ShapeMemo`) it records each
+    image's shape, and while ``_fp_defer`` is set it hands a known image
+    over undecoded (:mod:`~fast_parallel.pipeline.unread`)."""
 
     _fp_cache: Any = None
+    _fp_shapes: Any = None
     #: Set while the loaded image goes only to readers (a fast Mosaic or
     #: MixUp): a hit is then a read-only view, not a copy.
     _fp_lend = False
+    #: Set while the loaded image goes to a fast Mosaic that decodes only
+    #: the patches the next ``RandomAffine`` reads.
+    _fp_defer = False
 
     def transform(self, results: dict) -> Optional[dict]:
+        shapes = self._fp_shapes
+        if shapes is None:
+            return self.decode_now(results)
+        if self._fp_defer:
+            kept = shapes.kept_colour(results)
+            if kept is not None:
+                from fast_parallel.pipeline.unread import DeferredImage
+                count('deferred decodes')
+                results['img'] = DeferredImage(self, results['img_path'],
+                                               *kept)
+                results['img_shape'] = kept[0][:2]
+                results['ori_shape'] = kept[0][:2]
+                return results
+        try:
+            stat = os.stat(results['img_path'])
+        except (OSError, KeyError, TypeError, ValueError):
+            stat = None
+        out = self.decode_now(results)
+        if out is not None:
+            shapes.record(out, stat)
+        return out
+
+    def decode_now(self, results: dict) -> Optional[dict]:
+        """The cache's image, or stock's decode (kept in the cache)."""
         cache = self._fp_cache
         if cache is None:
             return super().transform(results)

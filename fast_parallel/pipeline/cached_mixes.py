@@ -21,7 +21,8 @@ from numpy import random
 
 from fast_parallel.pipeline.copies import sample_is_plain
 from fast_parallel.pipeline.mixes import (MixWindow, colour_uint8, mix_halves,
-                                          mosaic_of, pad_val_why)
+                                          pad_val_why)
+from fast_parallel.pipeline.mosaic import mosaic_of
 from fast_parallel.pipeline.stats import count
 
 __all__ = ['FastCachedMixUp', 'FastCachedMosaic']

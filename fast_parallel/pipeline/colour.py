@@ -16,6 +16,17 @@ from fast_parallel.pipeline.stats import count
 
 __all__ = ['FastYOLOXHSVRandomAug', 'hsv_table']
 
+_VALUES = np.arange(256, dtype=np.uint8)
+
+
+def _identity(table: np.ndarray) -> bool:
+    """Whether ``table`` maps every value OpenCV's ``uint8`` BGR to HSV
+    gives to itself (H is 0..179 for every colour: a test checks all 2^24).
+    """
+    return np.array_equal(table[:180, 0, 0], _VALUES[:180]) and \
+        np.array_equal(table[:, 0, 1], _VALUES) and \
+        np.array_equal(table[:, 0, 2], _VALUES)
+
 
 def hsv_table(hsv_gains: np.ndarray) -> np.ndarray:
     """Stock's per-channel shift of every ``uint8`` value, as a table.
@@ -46,7 +57,9 @@ class FastYOLOXHSVRandomAug(YOLOXHSVRandomAug):
             return super().transform(results)
         hsv_gains = hsv_gains_of(self)()
         img_hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)
-        img_hsv = cv2.LUT(img_hsv, hsv_table(hsv_gains))
+        table = hsv_table(hsv_gains)
+        if not _identity(table):  # (no shift: every value to itself)
+            img_hsv = cv2.LUT(img_hsv, table)
         cv2.cvtColor(img_hsv, cv2.COLOR_HSV2BGR, dst=img)
         results['img'] = img
         return results

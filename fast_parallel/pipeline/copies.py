@@ -17,6 +17,7 @@ import torch
 from mmengine.dataset import BaseDataset
 
 from fast_parallel.pipeline.cache import lent
+from fast_parallel.pipeline.unread import DeferredImage
 
 __all__ = [
     'as_deepcopied', 'flipped_copy', 'fresh_results_why', 'holds_only_plain',
@@ -115,10 +116,14 @@ def sample_is_plain(results: Any) -> bool:
 
 
 def _known_structures() -> frozenset:
-    """mmdet's boxes and masks, whose deep copies draw nothing."""
+    """mmdet's boxes and masks, whose deep copies draw nothing, and the
+    images a fast Mosaic decodes when it reads them."""
     from mmdet.structures.bbox import HorizontalBoxes
     from mmdet.structures.mask import BitmapMasks, PolygonMasks
-    return frozenset((HorizontalBoxes, BitmapMasks, PolygonMasks))
+
+    from fast_parallel.pipeline.unread import DeferredImage
+    return frozenset(
+        (HorizontalBoxes, BitmapMasks, PolygonMasks, DeferredImage))
 
 
 def _plain(value: Any, known: frozenset) -> bool:
@@ -234,8 +239,8 @@ def _walk_new(value: Any, boxes: tuple, plain: Dict[int, Any],
     if isinstance(value, boxes):
         # small; their deep copy clones the tensor (storage no longer shared)
         return copy.deepcopy(value), False
-    if isinstance(value, torch.Tensor):
-        return value, False
+    if isinstance(value, torch.Tensor) or type(value) is DeferredImage:
+        return value, False  # (a deferred image's deep copy is itself)
     return copy.deepcopy(value), False
 
 

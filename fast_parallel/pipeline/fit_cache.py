@@ -18,7 +18,8 @@ import mmcv.image.geometric as mmcv_geometric
 import numpy as np
 
 from fast_parallel.pipeline.cache import DecodedCache, FastLoadImageFromFile
-from fast_parallel.pipeline.mixes import FastMixUp, FastMosaic
+from fast_parallel.pipeline.mixes import FastMixUp
+from fast_parallel.pipeline.mosaic import FastMosaic
 from fast_parallel.pipeline.stats import count
 
 __all__ = ['FitCache', 'fit_size', 'install_fit_caches']

@@ -19,11 +19,12 @@ from typing import Any, Iterator, Optional
 import numpy as np
 from mmdet.datasets import MultiImageMixDataset
 
-from fast_parallel.compat import mix_skip_type_keys
+from fast_parallel.compat import mix_skip_type_keys, own_random_matrix
 from fast_parallel.pipeline.cache import FastLoadImageFromFile, lent
 from fast_parallel.pipeline.copies import (RandomStates, _box_types,
                                            as_deepcopied)
 from fast_parallel.pipeline.stats import count
+from fast_parallel.pipeline.unread import DeferredImage
 
 __all__ = ['FastMultiImageMixDataset', 'never_none', 'retries_alike']
 
@@ -77,18 +78,41 @@ class _LoadProbe:
 def _reads(transform: Any) -> bool:
     """Whether ``transform`` only reads the loaded images it is handed (a
     fast Mosaic or MixUp: they may be lent the cache's views)."""
-    from fast_parallel.pipeline.mixes import FastMixUp, FastMosaic
+    from fast_parallel.pipeline.mixes import FastMixUp
+    from fast_parallel.pipeline.mosaic import FastMosaic
     return type(transform) in (FastMosaic, FastMixUp)
 
 
 def _return_lent(results: Any) -> None:
     """Copies any lent view a transform handed back (a Mosaic or MixUp that
     returned its input: ``prob``, a mix sample without boxes), so that the
-    next transforms and the user get what stock's deep copy gives."""
+    next transforms and the user get what stock's deep copy gives; decodes
+    any image still undecoded."""
     if type(results) is dict:
         for key, value in results.items():
             if type(value) is np.ndarray and lent(value):
                 results[key] = value.copy()
+            elif type(value) is DeferredImage:
+                results[key] = value.decoded()
+
+
+def _is_fast_mosaic(transform: Any) -> bool:
+    from fast_parallel.pipeline.mosaic import FastMosaic
+    return type(transform) is FastMosaic
+
+
+def _defers_to(active: list) -> Any:
+    """The exact ``RandomAffine`` right after a fast Mosaic that is first
+    among the ``active`` transforms: the Mosaic then decodes only the
+    patches that affine reads. None otherwise."""
+    from mmdet.datasets.transforms import RandomAffine
+
+    from fast_parallel.pipeline.mosaic import FastMosaic
+    if len(active) < 2 or type(active[0]) is not FastMosaic or \
+            type(active[1]) is not RandomAffine or \
+            not own_random_matrix(active[1]):
+        return None
+    return active[1]
 
 
 def _probes(transform: Any) -> bool:
@@ -113,9 +137,15 @@ class FastMultiImageMixDataset(MultiImageMixDataset):
         boxes = _box_types()
         plain: dict = {}  # containers found plain, for this sample
         skip = mix_skip_type_keys(self)
-        first = next((t for t, kind in zip(self.pipeline, self.pipeline_types)
-                      if skip is None or kind not in skip), None)
-        with self._lending(first) as lending:
+        active = [
+            t for t, kind in zip(self.pipeline, self.pipeline_types)
+            if skip is None or kind not in skip
+        ]
+        first = active[0] if active else None
+        defer = _defers_to(active)
+        if _is_fast_mosaic(first):
+            first._fp_then = defer
+        with self._lending(first, defer is not None) as lending:
             results = as_deepcopied(self.dataset[idx], boxes, plain, lending)
         for transform, transform_type in zip(self.pipeline,
                                              self.pipeline_types):
@@ -123,7 +153,8 @@ class FastMultiImageMixDataset(MultiImageMixDataset):
                 continue
             if hasattr(transform, 'get_indexes'):
                 results['mix_results'] = self._mix_results(
-                    transform, boxes, plain)
+                    transform, boxes, plain, defer is not None
+                    and transform is first)
             if never_none(transform) or retries_alike(transform):
                 updated = transform(
                     as_deepcopied(results, boxes, plain, _reads(transform)))
@@ -148,10 +179,14 @@ class FastMultiImageMixDataset(MultiImageMixDataset):
         count('samples')
         return results
 
-    def _mix_results(self, transform: Any, boxes: tuple, plain: dict) -> list:
+    def _mix_results(self,
+                     transform: Any,
+                     boxes: tuple,
+                     plain: dict,
+                     defer: bool = False) -> list:
         for _ in range(self.max_refetch):
             probe = _LoadProbe(self.dataset) if _probes(transform) else None
-            with self._lending(transform) as lending:
+            with self._lending(transform, defer) as lending:
                 indexes = transform.get_indexes(probe or self.dataset)
                 if not isinstance(indexes, collections.abc.Sequence):
                     indexes = [indexes]
@@ -167,21 +202,26 @@ class FastMultiImageMixDataset(MultiImageMixDataset):
                            'of the dataset and its pipeline.')
 
     @contextlib.contextmanager
-    def _lending(self, reader: Any) -> Iterator[bool]:
+    def _lending(self, reader: Any, defer: bool = False) -> Iterator[bool]:
         """While loading samples that go to ``reader`` first: where that is
         a fast Mosaic or MixUp (they only read a loaded image), the cached
-        loads lend read-only views instead of copies. Yields whether."""
+        loads lend read-only views instead of copies, and with ``defer``
+        (a fast Mosaic before a ``RandomAffine``) hand over known images
+        undecoded (:mod:`~fast_parallel.pipeline.unread`). Yields whether
+        they lend."""
         loads = [
             t for t in self.dataset.pipeline.transforms
             if type(t) is FastLoadImageFromFile
         ] if _reads(reader) else []
         for load in loads:
             load._fp_lend = True
+            load._fp_defer = defer
         try:
             yield bool(loads)
         finally:
             for load in loads:
                 load._fp_lend = False
+                load._fp_defer = False
 
     def _stock_retry(self, transform: Any, results: dict) -> dict:
         for _ in range(self.max_refetch):

@@ -1,30 +1,28 @@
-"""Fast forms of mmdet's ``Mosaic`` and ``MixUp``: stock's bytes and draws.
+"""Fast form of mmdet's ``MixUp`` (stock's bytes and draws), and the image
+helpers it shares with the fast Mosaic (:mod:`~fast_parallel.pipeline.
+mosaic`).
 
-Each class is stock's, put on the built instance by the switch; its
-``transform`` runs stock's steps in stock's order. ``FastMosaic`` copies only
-the boxes it moves instead of every results dict; ``FastMixUp`` builds only
-the crop window of the padded canvas and mixes in integers. An input they
+The class is stock's, put on the built instance by the switch; its
+``transform`` runs stock's steps in stock's order. ``FastMixUp`` builds only
+the crop window of the padded canvas and mixes in integers. An input it
 cannot make exact (not a 3-channel ``uint8`` image, a ``pad_val`` outside
 0..255) goes to stock's ``transform``, counted. Why: ``docs/pipeline.md``.
 """
-import copy
 from typing import Any, Optional
 
 import mmcv
 import mmcv.image.geometric as mmcv_geometric
 import numpy as np
-from mmdet.datasets.transforms import MixUp, Mosaic
+from mmdet.datasets.transforms import MixUp
 from mmdet.structures.bbox import autocast_box_type
 from numpy import random
 
-from fast_parallel.compat import mosaic_combine
-from fast_parallel.pipeline.copies import (CV_NATIVE, flipped_copy,
-                                           sample_is_plain)
+from fast_parallel.pipeline.copies import CV_NATIVE, flipped_copy
 from fast_parallel.pipeline.stats import count
 
 __all__ = [
-    'FastMixUp', 'FastMosaic', 'MixWindow', 'colour_uint8', 'filled',
-    'mix_halves', 'mosaic_of', 'pad_val_why'
+    'FastMixUp', 'MixWindow', 'colour_uint8', 'filled', 'fit_patch',
+    'mix_halves', 'pad_val_why', 'resize_keeps'
 ]
 
 
@@ -52,7 +50,7 @@ _COPIED_CANVAS = frozenset(
     np.dtype(t) for t in (np.uint8, np.int64, np.float64))
 
 
-def _resize_keeps(img: np.ndarray) -> bool:
+def resize_keeps(img: np.ndarray) -> bool:
     """Whether ``mmcv.imresize`` of ``img`` to its own size gives ``img``'s
     bytes, shape and dtype (OpenCV copies a same-size image; its binding
     casts some dtypes and drops a last axis of 1; pillow may not copy)."""
@@ -67,8 +65,8 @@ def colour_uint8(img) -> bool:
         img.ndim == 3 and img.shape[2] == 3
 
 
-def _fit(t: Any, patch: Optional[dict], img: np.ndarray,
-         size: tuple) -> np.ndarray:
+def fit_patch(t: Any, patch: Optional[dict], img: np.ndarray,
+              size: tuple) -> np.ndarray:
     """Stock's keep-ratio ``mmcv.imresize(img, size)`` of a loaded patch;
     from ``t``'s :class:`~fast_parallel.pipeline.fit_cache.FitCache` where
     the switch gave it one (read-only then: the callers only read it)."""
@@ -76,113 +74,6 @@ def _fit(t: Any, patch: Optional[dict], img: np.ndarray,
     if fit is None or patch is None:
         return mmcv.imresize(img, size)
     return fit.resized(patch, img, size)
-
-
-def mosaic_of(t: Mosaic,
-              results: dict,
-              mix_results: list,
-              with_mask: bool = False) -> dict:
-    """Stock's mosaic of ``results`` and three ``mix_results`` (from the
-    canvas on, with stock's draws), copying only the boxes it moves.
-
-    Args:
-        t (Mosaic | CachedMosaic): The transform (its arguments).
-        results (dict): The sample; updated and returned.
-        mix_results (list[dict]): The other three; read only.
-        with_mask (bool): ``CachedMosaic``'s masks. Defaults to False.
-
-    Returns:
-        dict: ``results``.
-    """
-    mosaic_bboxes = []
-    mosaic_bboxes_labels = []
-    mosaic_ignore_flags = []
-    mosaic_masks = []
-    shape = (int(t.img_scale[1] * 2), int(t.img_scale[0] * 2))
-    if len(results['img'].shape) == 3:
-        shape += (3, )
-    mosaic_img = filled(shape, t.pad_val, results['img'].dtype)
-
-    center_x = int(random.uniform(*t.center_ratio_range) * t.img_scale[0])
-    center_y = int(random.uniform(*t.center_ratio_range) * t.img_scale[1])
-    center_position = (center_x, center_y)
-
-    loc_strs = ('top_left', 'top_right', 'bottom_left', 'bottom_right')
-    for i, loc in enumerate(loc_strs):
-        # stock deep-copies each whole results dict; only the boxes change
-        patch = results if loc == 'top_left' else mix_results[i - 1]
-        img_i = patch['img']
-        h_i, w_i = img_i.shape[:2]
-        scale_ratio_i = min(t.img_scale[1] / h_i, t.img_scale[0] / w_i)
-        size = (int(w_i * scale_ratio_i), int(h_i * scale_ratio_i))
-        if size != (w_i, h_i) or not _resize_keeps(img_i):
-            img_i = _fit(t, patch, img_i, size)
-
-        paste_coord, crop_coord = mosaic_combine(t)(loc, center_position,
-                                                    img_i.shape[:2][::-1])
-        x1_p, y1_p, x2_p, y2_p = paste_coord
-        x1_c, y1_c, x2_c, y2_c = crop_coord
-        mosaic_img[y1_p:y2_p, x1_p:x2_p] = img_i[y1_c:y2_c, x1_c:x2_c]
-
-        gt_bboxes_i = copy.deepcopy(patch['gt_bboxes'])
-        padw = x1_p - x1_c
-        padh = y1_p - y1_c
-        gt_bboxes_i.rescale_([scale_ratio_i, scale_ratio_i])
-        gt_bboxes_i.translate_([padw, padh])
-        mosaic_bboxes.append(gt_bboxes_i)
-        mosaic_bboxes_labels.append(patch['gt_bboxes_labels'])
-        mosaic_ignore_flags.append(patch['gt_ignore_flags'])
-        if with_mask and patch.get('gt_masks', None) is not None:
-            # rescale and translate make new masks
-            out_shape = (int(t.img_scale[0] * 2), int(t.img_scale[1] * 2))
-            gt_masks_i = patch['gt_masks'].rescale(float(scale_ratio_i))
-            gt_masks_i = gt_masks_i.translate(
-                out_shape=out_shape, offset=padw, direction='horizontal')
-            gt_masks_i = gt_masks_i.translate(
-                out_shape=out_shape, offset=padh, direction='vertical')
-            mosaic_masks.append(gt_masks_i)
-
-    mosaic_bboxes = mosaic_bboxes[0].cat(mosaic_bboxes, 0)
-    mosaic_bboxes_labels = np.concatenate(mosaic_bboxes_labels, 0)
-    mosaic_ignore_flags = np.concatenate(mosaic_ignore_flags, 0)
-
-    if t.bbox_clip_border:
-        mosaic_bboxes.clip_([2 * t.img_scale[1], 2 * t.img_scale[0]])
-    inside_inds = mosaic_bboxes.is_inside(
-        [2 * t.img_scale[1], 2 * t.img_scale[0]]).numpy()
-    mosaic_bboxes = mosaic_bboxes[inside_inds]
-    mosaic_bboxes_labels = mosaic_bboxes_labels[inside_inds]
-    mosaic_ignore_flags = mosaic_ignore_flags[inside_inds]
-
-    results['img'] = mosaic_img
-    results['img_shape'] = mosaic_img.shape[:2]
-    results['gt_bboxes'] = mosaic_bboxes
-    results['gt_bboxes_labels'] = mosaic_bboxes_labels
-    results['gt_ignore_flags'] = mosaic_ignore_flags
-    if with_mask:
-        mosaic_masks = mosaic_masks[0].cat(mosaic_masks)
-        results['gt_masks'] = mosaic_masks[inside_inds]
-    return results
-
-
-class FastMosaic(Mosaic):
-    """``Mosaic`` that copies each patch's boxes, not its whole results."""
-
-    #: The run's kept resizes at ``img_scale`` (set by the switch), or None.
-    _fp_fit: Any = None
-
-    def transform(self, results: dict) -> dict:
-        if not sample_is_plain(results):  # stock's copies may draw or fail
-            count('stock: Mosaic: a sample holding other objects')
-            return Mosaic.transform(self, results)
-        return self._fast(results)
-
-    @autocast_box_type()
-    def _fast(self, results: dict) -> dict:
-        if random.uniform(0, 1) > self.prob:
-            return results
-        assert 'mix_results' in results
-        return mosaic_of(self, results, results['mix_results'])
 
 
 class FastMixUp(MixUp):
@@ -276,12 +167,20 @@ def _canvas(shape: tuple, one: np.ndarray, image: np.ndarray) -> np.ndarray:
 
 def mix_halves(ori_img: np.ndarray, crop: np.ndarray) -> np.ndarray:
     """Stock's ``(0.5 * a + 0.5 * b).astype(uint8)`` in float32 for uint8
-    images: both halves and their sum are exact, so it is ``(a + b) >> 1``.
+    images: both halves and their sum are exact, so it is ``(a + b) >> 1``,
+    i.e. ``(a & b) + ((a ^ b) >> 1)`` without widening. C-ordered, as
+    stock's sum is where ``a`` is and ``b`` lies in C order; stock's own
+    sum (and layout) otherwise.
     """
-    mixed = ori_img.astype(np.uint16, order='C')  # stock's sum is C-ordered
-    mixed += crop
+    strides = crop.strides
+    if not (ori_img.flags.c_contiguous and min(strides) > 0
+            and list(strides) == sorted(strides, reverse=True)):
+        return (0.5 * ori_img.astype(np.float32) +
+                0.5 * crop.astype(np.float32)).astype(np.uint8)
+    mixed = np.bitwise_xor(ori_img, crop, order='C')
     mixed >>= 1
-    return mixed.astype(np.uint8)
+    mixed += np.bitwise_and(ori_img, crop, order='C')
+    return mixed
 
 
 class MixWindow:
@@ -314,9 +213,9 @@ class MixWindow:
         np.empty(canvas_shape, one.dtype)
         scale_ratio = min(t.dynamic_scale[1] / retrieve_img.shape[0],
                           t.dynamic_scale[0] / retrieve_img.shape[1])
-        retrieve_img = _fit(t, patch, retrieve_img,
-                            (int(retrieve_img.shape[1] * scale_ratio),
-                             int(retrieve_img.shape[0] * scale_ratio)))
+        retrieve_img = fit_patch(t, patch, retrieve_img,
+                                 (int(retrieve_img.shape[1] * scale_ratio),
+                                  int(retrieve_img.shape[0] * scale_ratio)))
         self.scale_ratio = scale_ratio * jit_factor
         if jit_factor == 1.0 and one.dtype in _COPIED_CANVAS and \
                 mmcv_geometric.imread_backend == 'cv2':

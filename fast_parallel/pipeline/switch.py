@@ -22,7 +22,9 @@ from fast_parallel.pipeline.copies import fresh_results_why
 from fast_parallel.pipeline.fit_cache import install_fit_caches
 from fast_parallel.pipeline.layout import FastPackDetInputs, FastPad
 from fast_parallel.pipeline.mix_dataset import FastMultiImageMixDataset
-from fast_parallel.pipeline.mixes import FastMixUp, FastMosaic
+from fast_parallel.pipeline.mixes import FastMixUp
+from fast_parallel.pipeline.mosaic import FastMosaic
+from fast_parallel.pipeline.unread import install_shape_memos
 
 __all__ = [
     'LAZY_SWAPS', 'NEVER_NONE', 'RETRIES_ALIKE', 'STAYS_STOCK', 'SWAPS',
@@ -205,6 +207,11 @@ def switch_pipeline(dataset: Any,
         ]
         fits = install_fit_caches(mixers, budget_left(loads, databases))
         cache += f'; {fits}' if fits else ''
+    unread = install_shape_memos([
+        holder for holder, _ in _pipelines(dataset)
+        if type(holder) is FastMultiImageMixDataset
+    ])
+    cache += f'; {unread}' if unread else ''
     names = list(dict.fromkeys(fast))
     left = ''.join(f'; {name} stock ({why})' for name, why in stock.items())
     if not names:

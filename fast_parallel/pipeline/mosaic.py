@@ -1,0 +1,176 @@
+"""Fast form of mmdet's ``Mosaic``: stock's bytes and draws.
+
+The class is stock's, put on the built instance by the switch; its
+``transform`` runs stock's steps in stock's order, copying only the boxes it
+moves (all patches' in one batch) instead of every results dict, and
+decoding only the patches the next ``RandomAffine`` reads
+(:mod:`~fast_parallel.pipeline.unread`). Why: ``docs/pipeline.md``.
+"""
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+from mmdet.datasets.transforms import Mosaic
+from mmdet.structures.bbox import autocast_box_type
+from numpy import random
+
+from fast_parallel.compat import mosaic_combine
+from fast_parallel.pipeline.copies import sample_is_plain
+from fast_parallel.pipeline.mixes import filled, fit_patch, resize_keeps
+from fast_parallel.pipeline.stats import count
+from fast_parallel.pipeline.unread import (decode_deferred, loaded,
+                                           mosaic_reads, unread)
+
+__all__ = ['FastMosaic', 'moved_boxes', 'mosaic_of']
+
+
+def mosaic_of(t: Mosaic,
+              results: dict,
+              mix_results: list,
+              with_mask: bool = False) -> dict:
+    """Stock's mosaic of ``results`` and three ``mix_results`` (from the
+    canvas on, with stock's draws), copying only the boxes it moves.
+
+    Args:
+        t (Mosaic | CachedMosaic): The transform (its arguments).
+        results (dict): The sample; updated and returned.
+        mix_results (list[dict]): The other three; read only.
+        with_mask (bool): ``CachedMosaic``'s masks. Defaults to False.
+
+    Returns:
+        dict: ``results``.
+    """
+    mosaic_bboxes = []
+    mosaic_bboxes_labels = []
+    mosaic_ignore_flags = []
+    mosaic_masks = []
+    shape = (int(t.img_scale[1] * 2), int(t.img_scale[0] * 2))
+    if len(results['img'].shape) == 3:
+        shape += (3, )
+    mosaic_img = filled(shape, t.pad_val, results['img'].dtype)
+
+    center_x = int(random.uniform(*t.center_ratio_range) * t.img_scale[0])
+    center_y = int(random.uniform(*t.center_ratio_range) * t.img_scale[1])
+    center_position = (center_x, center_y)
+    # the canvas box the next RandomAffine reads (its draws peeked), where
+    # a patch is still undecoded: one wholly outside it is never decoded
+    reads = mosaic_reads(t, shape, [results] + mix_results[:3])
+
+    loc_strs = ('top_left', 'top_right', 'bottom_left', 'bottom_right')
+    for i, loc in enumerate(loc_strs):
+        # stock deep-copies each whole results dict; only the boxes change
+        patch = results if loc == 'top_left' else mix_results[i - 1]
+        img_i = patch['img']
+        h_i, w_i = img_i.shape[:2]
+        scale_ratio_i = min(t.img_scale[1] / h_i, t.img_scale[0] / w_i)
+        size = (int(w_i * scale_ratio_i), int(h_i * scale_ratio_i))
+        # (a resize gives ``size``: stock's coordinates from its shape)
+        paste_coord, crop_coord = mosaic_combine(t)(loc, center_position, size)
+        if unread(reads, paste_coord, crop_coord, size, mosaic_img, img_i):
+            count('deferred decodes: never read')
+        else:
+            img_i = loaded(img_i, lend=True)  # (only read here)
+            if size != (w_i, h_i) or not resize_keeps(img_i):
+                img_i = fit_patch(t, patch, img_i, size)
+            x1_p, y1_p, x2_p, y2_p = paste_coord
+            x1_c, y1_c, x2_c, y2_c = crop_coord
+            mosaic_img[y1_p:y2_p, x1_p:x2_p] = img_i[y1_c:y2_c, x1_c:x2_c]
+        x1_p, y1_p = paste_coord[:2]
+        x1_c, y1_c = crop_coord[:2]
+
+        padw = x1_p - x1_c
+        padh = y1_p - y1_c
+        mosaic_bboxes.append((patch['gt_bboxes'], scale_ratio_i, padw, padh))
+        mosaic_bboxes_labels.append(patch['gt_bboxes_labels'])
+        mosaic_ignore_flags.append(patch['gt_ignore_flags'])
+        if with_mask and patch.get('gt_masks', None) is not None:
+            # rescale and translate make new masks
+            out_shape = (int(t.img_scale[0] * 2), int(t.img_scale[1] * 2))
+            gt_masks_i = patch['gt_masks'].rescale(float(scale_ratio_i))
+            gt_masks_i = gt_masks_i.translate(
+                out_shape=out_shape, offset=padw, direction='horizontal')
+            gt_masks_i = gt_masks_i.translate(
+                out_shape=out_shape, offset=padh, direction='vertical')
+            mosaic_masks.append(gt_masks_i)
+
+    mosaic_bboxes = moved_boxes(mosaic_bboxes)
+    mosaic_bboxes_labels = np.concatenate(mosaic_bboxes_labels, 0)
+    mosaic_ignore_flags = np.concatenate(mosaic_ignore_flags, 0)
+
+    if t.bbox_clip_border:
+        mosaic_bboxes.clip_([2 * t.img_scale[1], 2 * t.img_scale[0]])
+    inside_inds = mosaic_bboxes.is_inside(
+        [2 * t.img_scale[1], 2 * t.img_scale[0]]).numpy()
+    mosaic_bboxes = mosaic_bboxes[inside_inds]
+    mosaic_bboxes_labels = mosaic_bboxes_labels[inside_inds]
+    mosaic_ignore_flags = mosaic_ignore_flags[inside_inds]
+
+    results['img'] = mosaic_img
+    results['img_shape'] = mosaic_img.shape[:2]
+    results['gt_bboxes'] = mosaic_bboxes
+    results['gt_bboxes_labels'] = mosaic_bboxes_labels
+    results['gt_ignore_flags'] = mosaic_ignore_flags
+    if with_mask:
+        mosaic_masks = mosaic_masks[0].cat(mosaic_masks)
+        results['gt_masks'] = mosaic_masks[inside_inds]
+    return results
+
+
+def moved_boxes(moves: list) -> Any:
+    """Stock's ``cat`` of each patch's boxes deep-copied, ``rescale_``-d
+    and ``translate_``-d; for boxes of one class, dtype (float32 or
+    float64: the half kinds may set a NaN's bits otherwise) and device, one
+    ``cat``, multiply and add over all rows: the same elementwise
+    operations on the same values, so the same bits.
+
+    Args:
+        moves (list[tuple]): (boxes, scale ratio, padw, padh) per patch.
+    """
+    from mmdet.structures.bbox import HorizontalBoxes
+    tensors = [boxes.tensor for boxes, *_ in moves] if all(
+        type(m[0]) is HorizontalBoxes for m in moves) else []
+    if not tensors or any(
+            t.dtype != tensors[0].dtype or t.device != tensors[0].device
+            or t.dim() != 2 or t.requires_grad for t in tensors) or \
+            tensors[0].dtype not in (torch.float32, torch.float64):
+        moved = []
+        for boxes, scale, padw, padh in moves:
+            boxes = copy.deepcopy(boxes)
+            boxes.rescale_([scale, scale])
+            boxes.translate_([padw, padh])
+            moved.append(boxes)
+        return moved[0].cat(moved, 0)
+    kind = dict(dtype=tensors[0].dtype, device=tensors[0].device)
+    rows = torch.tensor([len(t) for t in tensors], device=kind['device'])
+    factors = torch.tensor([[scale] for _, scale, *_ in moves], **kind)
+    pads = torch.tensor([[padw, padh, padw, padh]
+                         for _, _, padw, padh in moves], **kind)
+    out = torch.cat(tensors, 0).mul_(factors.repeat_interleave(rows, 0))
+    return HorizontalBoxes(
+        out.add_(pads.repeat_interleave(rows, 0)), clone=False)
+
+
+class FastMosaic(Mosaic):
+    """``Mosaic`` that copies each patch's boxes, not its whole results."""
+
+    #: The run's kept resizes at ``img_scale`` (set by the switch), or None.
+    _fp_fit: Any = None
+    #: The ``RandomAffine`` that takes this call's output (set by the
+    #: mixing wrapper while it hands over undecoded patches), or None.
+    _fp_then: Any = None
+
+    def transform(self, results: dict) -> dict:
+        if not sample_is_plain(results):  # stock's copies may draw or fail
+            count('stock: Mosaic: a sample holding other objects')
+            decode_deferred(results)
+            return Mosaic.transform(self, results)
+        return self._fast(results)
+
+    @autocast_box_type()
+    def _fast(self, results: dict) -> dict:
+        if random.uniform(0, 1) > self.prob:
+            results['img'] = loaded(results['img'])
+            return results
+        assert 'mix_results' in results
+        return mosaic_of(self, results, results['mix_results'])

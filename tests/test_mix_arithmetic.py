@@ -1,0 +1,110 @@
+"""The fast mixes' arithmetic: the Mosaic moves all patches' boxes in one
+``cat``, multiply and add (``mosaic.moved_boxes``), the bits of stock's
+per-patch deep copy, ``rescale_``, ``translate_`` and ``cat`` for every
+dtype and value; MixUp's halves are mixed in ``uint8`` (``mix_halves``)."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+from mmdet.structures.bbox import HorizontalBoxes
+
+from fast_parallel.pipeline.mixes import mix_halves
+from fast_parallel.pipeline.mosaic import moved_boxes
+
+
+def _stock(moves):
+    moved = []
+    for boxes, scale, padw, padh in moves:
+        boxes = boxes.clone()  # (what its deep copy does)
+        boxes.rescale_([scale, scale])
+        boxes.translate_([padw, padh])
+        moved.append(boxes)
+    return moved[0].cat(moved, 0)
+
+
+def _bits(t):
+    return t.view({
+        torch.float16: torch.int16,
+        torch.bfloat16: torch.int16,
+        torch.float32: torch.int32,
+        torch.float64: torch.int64
+    }[t.dtype])
+
+
+@pytest.mark.parametrize(
+    'dtype', [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def testmoved_boxes_are_stocks_bits(dtype, monkeypatch):
+    from fast_parallel.pipeline import mosaic
+    copies, real = [], copy.deepcopy
+    monkeypatch.setattr(mosaic.copy, 'deepcopy',
+                        lambda x, *a: copies.append(1) or real(x, *a))
+    rng = np.random.default_rng(0)
+    for case in range(200):
+        moves = []
+        for _ in range(4):
+            n = int(rng.integers(0, 6))
+            values = rng.normal(0, 10**rng.integers(0, 5), (n, 4))
+            if case % 7 == 0 and n:
+                values[0, int(rng.integers(0, 4))] = rng.choice(
+                    [np.nan, np.inf, -np.inf, -0.0])
+            boxes = HorizontalBoxes(torch.tensor(values, dtype=dtype))
+            moves.append(
+                (boxes, float(rng.uniform(0.01, 9)),
+                 int(rng.integers(-900, 900)), int(rng.integers(-900, 900))))
+        before = [_bits(m[0].tensor).clone() for m in moves]
+        got, want = moved_boxes(moves), _stock(moves)
+        assert type(got) is HorizontalBoxes
+        assert got.tensor.dtype == want.tensor.dtype
+        assert got.tensor.shape == want.tensor.shape
+        assert got.tensor.stride() == want.tensor.stride()
+        assert torch.equal(_bits(got.tensor), _bits(want.tensor)), case
+        for m, b in zip(moves, before):  # the patches' boxes untouched
+            assert torch.equal(_bits(m[0].tensor), b)
+    # one batch for float32 / float64; the half kinds take stock's steps
+    assert bool(copies) == (dtype in (torch.float16, torch.bfloat16))
+
+
+def test_boxes_of_mixed_dtypes_take_stocks_steps():
+    moves = [(HorizontalBoxes(torch.rand(2, 4)), 1.5, 3, 4),
+             (HorizontalBoxes(torch.rand(3, 4,
+                                         dtype=torch.float64)), 0.7, 1, 2)]
+    want, got = _stock(moves), moved_boxes(moves)
+    assert got.tensor.dtype == want.tensor.dtype == torch.float64
+    assert torch.equal(got.tensor, want.tensor)
+
+
+def test_mix_halves_is_stocks_float32_mix_for_every_pair_and_layout():
+    values = np.arange(256, dtype=np.uint8)
+    a, b = np.meshgrid(values, values)
+    a = np.repeat(a[..., None], 3, 2)  # every pair, 3 channels
+    b = np.repeat(b[..., None], 3, 2)
+    for ori, crop in [(a, b), (a, b[:, 1::2]), (a[::-1], b),
+                      (np.asfortranarray(a), b[:, ::-1]),
+                      (a[:, ::2], b[:, 1::2]), (a, np.asfortranarray(b)),
+                      (a, b[::-1])]:
+        ori, crop = ori[:, :crop.shape[1]], crop[:, :ori.shape[1]]
+        want = (0.5 * ori.astype(np.float32) +
+                0.5 * crop.astype(np.float32)).astype(np.uint8)
+        got = mix_halves(ori, crop)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert got.strides == want.strides
+        assert np.array_equal(got, want)
+
+
+def test_every_colour_has_a_hue_below_180_so_zero_gains_change_nothing():
+    """The fast HSV leaves out the table where it maps every value OpenCV
+    gives to itself: H is 0..179 for all 2^24 colours."""
+    import cv2
+    from mmdet.datasets.transforms import YOLOXHSVRandomAug
+
+    from fast_parallel.pipeline.colour import FastYOLOXHSVRandomAug
+    v = np.arange(1 << 24, dtype=np.uint32)
+    every = np.stack([(v >> 16) & 255, (v >> 8) & 255, v & 255],
+                     -1).astype(np.uint8).reshape(4096, 4096, 3)
+    assert cv2.cvtColor(every, cv2.COLOR_BGR2HSV)[..., 0].max() == 179
+    stock = YOLOXHSVRandomAug(0, 0, 0)  # every gain 0
+    fast = copy.deepcopy(stock)
+    fast.__class__ = FastYOLOXHSVRandomAug
+    want = stock.transform(dict(img=every.copy()))['img']
+    assert np.array_equal(fast.transform(dict(img=every.copy()))['img'], want)

@@ -1,0 +1,201 @@
+"""Mosaic patches that RandomAffine never reads are not decoded
+(``fast_parallel.pipeline.unread``): the warp's read box, the shape memo,
+and stock's samples and draws through the mixing wrapper."""
+import copy
+import multiprocessing
+import os
+import random
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from mmdet.datasets.transforms import RandomAffine
+from mmdet.utils import register_all_modules
+from transform_utils import run_both, same_states, set_states
+
+from fast_parallel.bench.pipeline import first_difference
+from fast_parallel.bench.presets import load_preset
+from fast_parallel.pipeline import COUNTS, switch_pipeline
+from fast_parallel.pipeline.mix_dataset import FastMultiImageMixDataset
+from fast_parallel.pipeline.unread import (DeferredImage, ShapeMemo,
+                                           affine_reads)
+
+register_all_modules()
+
+AFFINES = [
+    dict(scaling_ratio_range=(0.1, 2), border=(-320, -320)),  # YOLOX-s
+    dict(),  # mmdet's defaults
+    dict(
+        max_rotate_degree=180,
+        max_shear_degree=30,
+        max_translate_ratio=0.5,
+        scaling_ratio_range=(0.05, 4),
+        border=(-40, 25)),
+]
+
+
+@pytest.mark.parametrize('kwargs', AFFINES)
+def test_the_read_box_holds_every_pixel_the_warp_reads(kwargs):
+    """Pixels outside the box, changed at random, change no output byte;
+    the peek leaves the draws to the warp's own call."""
+    affine = RandomAffine(**kwargs)
+    rng = np.random.default_rng(0)
+    np.random.seed(1)
+    shapes = [(1280, 1280, 3), (720, 900, 3), (661, 1000, 3)]
+    narrowed = 0
+    for k in range(60):
+        shape = shapes[k % len(shapes)]
+        canvas = rng.integers(0, 256, shape, np.uint8)
+        before = np.random.get_state()
+        box = affine_reads(affine, shape)
+        assert box is not None
+        after = np.random.get_state()
+        assert np.array_equal(before[1], after[1]) and before[2:] == after[2:]
+        height = shape[0] + affine.border[1] * 2
+        width = shape[1] + affine.border[0] * 2
+        matrix = affine._get_random_homography_matrix(height, width)
+        out = cv2.warpPerspective(
+            canvas, matrix, (width, height), borderValue=affine.border_val)
+        x0, y0, x1, y1 = box
+        inside = np.zeros(shape[:2], bool)
+        inside[max(y0, 0):max(y1, 0), max(x0, 0):max(x1, 0)] = True
+        narrowed += inside.mean() < 0.75
+        garbled = rng.integers(0, 256, shape, np.uint8)
+        garbled[inside] = canvas[inside]
+        again = cv2.warpPerspective(
+            garbled, matrix, (width, height), borderValue=affine.border_val)
+        assert np.array_equal(out, again), (k, box, matrix)
+    assert narrowed > 0  # the box leaves some of the canvas out
+
+
+def test_no_box_where_the_output_is_empty():
+    affine = RandomAffine(border=(-700, -700))
+    state = np.random.get_state()
+    assert affine_reads(affine, (1280, 1280, 3)) is None
+    assert np.array_equal(state[1], np.random.get_state()[1])
+
+
+def _results(path, index):
+    return dict(img_path=str(path), sample_idx=index)
+
+
+def test_the_shape_memo_follows_the_file(tmp_path):
+    path = tmp_path / 'a.jpg'
+    img = np.zeros((20, 30, 3), np.uint8)
+    assert cv2.imwrite(str(path), img)
+    memo = ShapeMemo(4)
+    results = dict(_results(path, 2), img=img)
+    assert memo.kept(results) is None
+    memo.record(results, os.stat(path))
+    assert memo.kept(_results(path, 2)) == ((20, 30, 3), np.uint8)
+    assert memo.kept_colour(_results(path, 2)) == ((20, 30, 3), np.uint8)
+    # another sample, another path at the same index, an index out of range
+    assert memo.kept(_results(path, 1)) is None
+    assert memo.kept(_results(tmp_path / 'b.jpg', 2)) is None
+    assert memo.kept(_results(path, 4)) is None
+    # a file written again (new mtime) is decoded again
+    stat = os.stat(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1000))
+    assert memo.kept(_results(path, 2)) is None
+    # a grayscale image is kept, but never left undecoded
+    gray = dict(_results(path, 3), img=np.zeros((5, 5), np.uint8))
+    memo.record(gray, os.stat(path))
+    assert memo.kept(_results(path, 3)) == ((5, 5), np.uint8)
+    assert memo.kept_colour(_results(path, 3)) is None
+
+
+def _record_in_child(memo, path):
+    img = np.zeros((7, 9, 3), np.uint8)
+    memo.record(dict(_results(path, 0), img=img), os.stat(path))
+
+
+def test_workers_share_one_memo(tmp_path):
+    path = tmp_path / 'a.png'
+    assert cv2.imwrite(str(path), np.zeros((7, 9, 3), np.uint8))
+    memo = ShapeMemo(1)
+    child = multiprocessing.get_context('fork').Process(
+        target=_record_in_child, args=(memo, path))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert memo.kept(_results(path, 0)) == ((7, 9, 3), np.uint8)
+    assert copy.deepcopy(memo) is memo
+
+
+def test_a_decode_that_changed_says_which_file(tmp_path):
+    from fast_parallel.pipeline.cache import FastLoadImageFromFile
+    path = tmp_path / 'a.png'
+    assert cv2.imwrite(str(path), np.zeros((7, 9, 3), np.uint8))
+    load = FastLoadImageFromFile()
+    assert DeferredImage(load, str(path), (7, 9, 3),
+                         np.dtype(np.uint8)).decoded().shape == (7, 9, 3)
+    with pytest.raises(RuntimeError, match='a.png: decoded as'):
+        DeferredImage(load, str(path), (9, 7, 3), np.dtype(np.uint8)).decoded()
+
+
+def _dataset_cfg(data, mosaic_prob=1.0, between=None):
+    cfg = copy.deepcopy(load_preset('yolox_s', data).train_dataloader.dataset)
+    cfg.pipeline[0]['prob'] = mosaic_prob
+    if between is not None:
+        cfg.pipeline.insert(1, between)
+    return cfg
+
+
+def _compare(cfg, samples, cache_inputs=None, skip=None, seed=0):
+    """Stock and fast samples and draws, the fast memo warmed by one load
+    of every image first (loading draws nothing)."""
+    from mmdet.registry import DATASETS
+    stock = DATASETS.build(copy.deepcopy(cfg))
+    fast = DATASETS.build(copy.deepcopy(cfg))
+    outcome = switch_pipeline(fast, cache_inputs=cache_inputs)
+    assert type(fast) is FastMultiImageMixDataset
+    for dataset in (stock, fast) if skip else ():
+        dataset.update_skip_type_keys(skip)
+    for i in range(len(fast.dataset)):
+        fast.dataset[i]
+    np.random.seed(seed)
+    random.seed(seed)
+    torch.manual_seed(seed)
+    COUNTS.clear()
+    for i in range(samples):
+        (s_kind, s_out, s_states), (f_kind, f_out, f_states) = run_both(
+            lambda r, i=i: stock[i % len(stock)],
+            lambda r, i=i: fast[i % len(fast)],
+            None)
+        assert s_kind == f_kind == 'ok', (i, s_out, f_out)
+        assert first_difference(
+            s_out, f_out) is None, (i, first_difference(s_out, f_out))
+        assert same_states(s_states, f_states), i
+        set_states(s_states)
+    return outcome
+
+
+@pytest.mark.parametrize('cache_inputs', [None, 'auto'])
+def test_unread_patches_are_not_decoded_and_samples_are_stock(
+        sample_data, cache_inputs):
+    outcome = _compare(_dataset_cfg(sample_data), 60, cache_inputs)
+    assert 'Mosaic decodes only the patches RandomAffine reads' in str(outcome)
+    assert COUNTS['deferred decodes'] == 4 * 60  # every patch was known
+    assert COUNTS['deferred decodes: never read'] > 10
+    assert COUNTS['deferred decodes: never read'] + COUNTS[
+        'deferred decodes: decoded'] == 4 * 60
+
+
+def test_a_mosaic_drawn_off_hands_on_the_decoded_image(sample_data):
+    _compare(_dataset_cfg(sample_data, mosaic_prob=0.5), 30)
+    assert 0 < COUNTS['deferred decodes: decoded'] < 4 * 30
+    assert COUNTS['deferred decodes: never read'] > 0
+
+
+@pytest.mark.parametrize('case', ['between', 'skip'])
+def test_nothing_is_left_undecoded_unless_random_affine_comes_next(
+        sample_data, case):
+    if case == 'between':
+        cfg = _dataset_cfg(
+            sample_data, between=dict(type='RandomFlip', prob=0.5))
+        _compare(cfg, 12)
+    else:
+        _compare(_dataset_cfg(sample_data), 12, skip=['RandomAffine'])
+    assert COUNTS['deferred decodes'] == 0
+    assert COUNTS['samples'] == 12
