@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from mmdet.datasets.transforms import RandomAffine
+from mmdet.structures.bbox import HorizontalBoxes
 from mmdet.utils import register_all_modules
 from transform_utils import run_both, same_states, set_states
 
@@ -98,6 +99,16 @@ def test_the_shape_memo_follows_the_file(tmp_path):
     stat = os.stat(path)
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1000))
     assert memo.kept(_results(path, 2)) is None
+    # a pathlib.Path (mmcv takes one) is the same file; a chmod (new
+    # ctime: the file may be unreadable now) decodes again
+    memo.record(dict(_results(path, 0), img=img), os.stat(path))
+    assert memo.kept(dict(img_path=path,
+                          sample_idx=0)) == ((20, 30, 3), np.uint8)
+    memo.record(dict(img_path=path, sample_idx=1, img=img), os.stat(path))
+    assert memo.kept(_results(path, 1)) == ((20, 30, 3), np.uint8)
+    os.chmod(path, 0o600)
+    assert memo.kept(_results(path, 0)) is None
+    assert memo.kept(dict(img_path=None, sample_idx=0)) is None
     # a grayscale image is kept, but never left undecoded
     gray = dict(_results(path, 3), img=np.zeros((5, 5), np.uint8))
     memo.record(gray, os.stat(path))
@@ -199,3 +210,95 @@ def test_nothing_is_left_undecoded_unless_random_affine_comes_next(
         _compare(_dataset_cfg(sample_data), 12, skip=['RandomAffine'])
     assert COUNTS['deferred decodes'] == 0
     assert COUNTS['samples'] == 12
+
+
+CASES = {
+    'plain': dict(),
+    'float img_scale': dict(img_scale=(640., 640.)),
+    'centre 1.5-2.5': dict(center_ratio_range=(1.5, 2.5)),
+    'centre -0.5-0.5': dict(center_ratio_range=(-0.5, 0.5)),
+    'centre 2.1-3.0': dict(center_ratio_range=(2.1, 3.0)),
+    'numpy boxes, a gray patch': dict(),
+}
+
+
+@pytest.mark.parametrize('case', list(CASES))
+def test_undecoded_patches_keep_stocks_samples_and_errors(tmp_path, case):
+    """Mosaic then RandomAffine on the same patches, stock with decoded
+    images, fast with undecoded ones: the same outputs, errors (type,
+    message, and so which patch raised first) and random states."""
+    from mmdet.datasets.transforms import Mosaic
+
+    from fast_parallel.pipeline.cache import FastLoadImageFromFile
+    from fast_parallel.pipeline.mosaic import FastMosaic
+    rng = np.random.default_rng(0)
+    files = []
+    for k in range(6):
+        path = tmp_path / f'{k}.png'
+        shape = (int(rng.integers(300, 640)), int(rng.integers(300, 640)))
+        if case.startswith('numpy') and k == 5:
+            shape = shape[:1] * 2  # (a 2-D image)
+        assert cv2.imwrite(
+            str(path),
+            rng.integers(0, 256, shape + (3, ), np.uint8)[..., 0] if len(
+                set(shape)) == 1 else rng.integers(0, 256, shape +
+                                                   (3, ), np.uint8))
+        files.append(str(path))
+    load = FastLoadImageFromFile(color_type='unchanged')
+    stock = Mosaic(**CASES[case])
+    fast = copy.deepcopy(stock)
+    fast.__class__ = FastMosaic
+    affine = RandomAffine(scaling_ratio_range=(0.1, 2), border=(-320, -320))
+
+    def sample(path, deferred, seed):
+        r = load.decode_now(dict(img_path=path))
+        if deferred and r['img'].ndim == 3:
+            r['img'] = DeferredImage(load, path, r['img'].shape,
+                                     r['img'].dtype)
+        boxes_rng = np.random.default_rng(seed)  # (the same in both arms)
+        n = int(boxes_rng.integers(0, 5))
+        boxes = np.sort(
+            boxes_rng.uniform(0, 300, (n, 4)).astype(np.float32), 1)
+        # (the mix samples' numpy boxes stay numpy where the sample's are
+        # boxes: mmdet's autocast converts them only with the sample's)
+        r['gt_bboxes'] = boxes if case.startswith('numpy') and seed else \
+            HorizontalBoxes(torch.from_numpy(boxes))
+        r['gt_bboxes_labels'] = np.zeros(n, np.int64)
+        r['gt_ignore_flags'] = np.zeros(n, bool)
+        return r
+
+    def run(transform, picks, deferred):
+        r = sample(picks[0], deferred, 0)
+        r['mix_results'] = [
+            sample(p, deferred, i + 1) for i, p in enumerate(picks[1:])
+        ]
+        transform._fp_then = affine if deferred else None
+        r = transform.transform(r)
+        r.pop('mix_results')
+        return affine.transform(r)
+
+    np.random.seed(0)
+    COUNTS.clear()
+    outcomes = set()
+    for k in range(30):
+        picks = [files[i] for i in rng.choice(6, 4)]
+        if case.startswith('numpy'):
+            picks[2] = files[5]  # the bottom-left patch
+        (s_kind, s_out, s_states), (f_kind, f_out, f_states) = run_both(
+            lambda r: run(stock, picks, False),
+            lambda r: run(fast, picks, True), None)
+        assert s_kind == f_kind, (k, s_out, f_out)
+        if s_kind == 'raised':
+            assert s_out == f_out, k
+        else:
+            assert first_difference(s_out, f_out) is None, k
+        assert same_states(s_states, f_states), k
+        set_states(s_states)
+        outcomes.add(s_kind)
+    if case == 'plain':
+        assert outcomes == {'ok'}
+        assert COUNTS['deferred decodes: never read'] > 10
+    if case.startswith('numpy') or case == 'float img_scale':
+        assert 'raised' in outcomes
+    if case.startswith('numpy'):  # the first move of numpy boxes, first
+        assert s_out.startswith('AttributeError'), s_out

@@ -22,7 +22,7 @@ from fast_parallel.pipeline.stats import count
 from fast_parallel.pipeline.unread import (decode_deferred, loaded,
                                            mosaic_reads, unread)
 
-__all__ = ['FastMosaic', 'moved_boxes', 'mosaic_of']
+__all__ = ['FastMosaic', 'batchable', 'moved_boxes', 'mosaic_of']
 
 
 def mosaic_of(t: Mosaic,
@@ -56,6 +56,10 @@ def mosaic_of(t: Mosaic,
     # the canvas box the next RandomAffine reads (its draws peeked), where
     # a patch is still undecoded: one wholly outside it is never decoded
     reads = mosaic_reads(t, shape, [results] + mix_results[:3])
+    # boxes that cannot fail their moves are moved in one batch at the end;
+    # any others patch by patch, where stock moves them (its error first)
+    batch = batchable(
+        [p.get('gt_bboxes') for p in [results] + mix_results[:3]])
 
     loc_strs = ('top_left', 'top_right', 'bottom_left', 'bottom_right')
     for i, loc in enumerate(loc_strs):
@@ -81,7 +85,8 @@ def mosaic_of(t: Mosaic,
 
         padw = x1_p - x1_c
         padh = y1_p - y1_c
-        mosaic_bboxes.append((patch['gt_bboxes'], scale_ratio_i, padw, padh))
+        move = (patch['gt_bboxes'], scale_ratio_i, padw, padh)
+        mosaic_bboxes.append(move if batch else _moved_one(*move))
         mosaic_bboxes_labels.append(patch['gt_bboxes_labels'])
         mosaic_ignore_flags.append(patch['gt_ignore_flags'])
         if with_mask and patch.get('gt_masks', None) is not None:
@@ -94,7 +99,8 @@ def mosaic_of(t: Mosaic,
                 out_shape=out_shape, offset=padh, direction='vertical')
             mosaic_masks.append(gt_masks_i)
 
-    mosaic_bboxes = moved_boxes(mosaic_bboxes)
+    mosaic_bboxes = moved_boxes(mosaic_bboxes) if batch else \
+        mosaic_bboxes[0].cat(mosaic_bboxes, 0)
     mosaic_bboxes_labels = np.concatenate(mosaic_bboxes_labels, 0)
     mosaic_ignore_flags = np.concatenate(mosaic_ignore_flags, 0)
 
@@ -117,30 +123,40 @@ def mosaic_of(t: Mosaic,
     return results
 
 
+def batchable(boxes: list) -> bool:
+    """Whether the patches' ``boxes`` are all ``HorizontalBoxes`` of one
+    dtype (float32 or float64: the half kinds may set a NaN's bits
+    otherwise) and device, 2-D, without grad: their moves cannot fail, and
+    :func:`moved_boxes` gives stock's bits."""
+    from mmdet.structures.bbox import HorizontalBoxes
+    if not all(type(b) is HorizontalBoxes for b in boxes):
+        return False
+    first = boxes[0].tensor
+    return first.dtype in (torch.float32, torch.float64) and all(
+        b.tensor.dtype == first.dtype and b.tensor.device == first.device
+        and b.tensor.dim() == 2 and not b.tensor.requires_grad for b in boxes)
+
+
+def _moved_one(boxes: Any, scale: float, padw: Any, padh: Any) -> Any:
+    """Stock's steps for one patch's boxes: deep copy, rescale, translate.
+    """
+    boxes = copy.deepcopy(boxes)
+    boxes.rescale_([scale, scale])
+    boxes.translate_([padw, padh])
+    return boxes
+
+
 def moved_boxes(moves: list) -> Any:
     """Stock's ``cat`` of each patch's boxes deep-copied, ``rescale_``-d
-    and ``translate_``-d; for boxes of one class, dtype (float32 or
-    float64: the half kinds may set a NaN's bits otherwise) and device, one
-    ``cat``, multiply and add over all rows: the same elementwise
-    operations on the same values, so the same bits.
+    and ``translate_``-d (:func:`_moved_one`), for boxes that are
+    :func:`batchable`: one ``cat``, multiply and add over all rows, the
+    same elementwise operations on the same values, so the same bits.
 
     Args:
         moves (list[tuple]): (boxes, scale ratio, padw, padh) per patch.
     """
     from mmdet.structures.bbox import HorizontalBoxes
-    tensors = [boxes.tensor for boxes, *_ in moves] if all(
-        type(m[0]) is HorizontalBoxes for m in moves) else []
-    if not tensors or any(
-            t.dtype != tensors[0].dtype or t.device != tensors[0].device
-            or t.dim() != 2 or t.requires_grad for t in tensors) or \
-            tensors[0].dtype not in (torch.float32, torch.float64):
-        moved = []
-        for boxes, scale, padw, padh in moves:
-            boxes = copy.deepcopy(boxes)
-            boxes.rescale_([scale, scale])
-            boxes.translate_([padw, padh])
-            moved.append(boxes)
-        return moved[0].cat(moved, 0)
+    tensors = [boxes.tensor for boxes, *_ in moves]
     kind = dict(dtype=tensors[0].dtype, device=tensors[0].device)
     rows = torch.tensor([len(t) for t in tensors], device=kind['device'])
     factors = torch.tensor([[scale] for _, scale, *_ in moves], **kind)

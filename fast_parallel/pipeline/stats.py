@@ -18,7 +18,9 @@ __all__ = ['CATEGORIES', 'COUNTS', 'count', 'share_counts', 'shared_totals']
 #: Per process: ``'samples'`` made by a fast wrapper, ``'mix loads
 #: reused'``, ``'stock: <transform>: <why>'`` for a sample a fast transform
 #: handed to stock's, ``'stock copy: <type>'`` for a transform run with
-#: stock's retry copy, ``'cache: ...'`` for the decoded-input cache.
+#: stock's retry copy, ``'cache: ...'`` for the decoded-input cache,
+#: ``'deferred decodes...'`` for the Mosaic patches handed over undecoded
+#: (:mod:`~fast_parallel.pipeline.unread`).
 COUNTS: Counter = Counter()
 
 #: The shared totals, by the start of the keys they sum.
@@ -26,7 +28,9 @@ CATEGORIES = ('samples', 'stock: ', 'stock copy: ', 'mix loads reused',
               'cache: hits', 'cache: decoded', 'cache: full',
               'cache: file changed', 'cache: gt-database hits',
               'cache: gt-database files read', 'cache: disk file unreadable',
-              'cache: disk write failed', 'cache: resizes kept')
+              'cache: disk write failed', 'cache: resizes kept',
+              'deferred decodes: never read', 'deferred decodes: decoded',
+              'deferred decodes')
 
 
 class _Shared:

@@ -25,10 +25,10 @@ __all__ = [
     'mosaic_reads', 'unread'
 ]
 
-# one row per sample: state, ndim, shape (3), dtype number, file size,
-# file mtime (ns), path hash
-_STATE, _NDIM, _SHAPE, _DTYPE, _SIZE, _MTIME, _HASH = 0, 1, 2, 5, 6, 7, 8
-_ROW = 9
+# one row per sample: state, ndim, shape (3), dtype number, path hash, then
+# the file's size, mtime, ctime (ns) and inode (:func:`_file_key`)
+_STATE, _NDIM, _SHAPE, _DTYPE, _HASH, _FILE = 0, 1, 2, 5, 6, 7
+_ROW = 11
 _DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32),
            np.dtype(np.int16), np.dtype(np.float64), np.dtype(np.int32))
 #: Margin (pixels) around the corners' preimage: bilinear reads the next
@@ -36,9 +36,21 @@ _DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32),
 _MARGIN = 3
 
 
-def _path_hash(path: str) -> int:
-    return zlib.crc32(path.encode('utf-8', 'surrogateescape')) | (
-        len(path) << 32)
+def _path_hash(path: Any) -> Optional[int]:
+    """A hash of a ``str`` or ``os.PathLike`` path (None for others)."""
+    try:
+        path = os.fsencode(path)
+    except TypeError:
+        return None
+    return zlib.crc32(path) | (len(path) << 32)
+
+
+def _file_key(stat: os.stat_result) -> tuple:
+    """What must match for a file to count as unchanged: its size and
+    mtime (the decoded cache's key) and, stricter, its ctime (any write,
+    ``chmod`` or rename updates it) and inode."""
+    return (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns,
+            stat.st_ino & (2**63 - 1))
 
 
 class ShapeMemo:
@@ -73,14 +85,16 @@ class ShapeMemo:
         """Keeps the shape of ``results['img']``, decoded from
         ``results['img_path']`` as it was at ``stat``."""
         slot, img = self._slot(results), results.get('img')
-        if slot is None or stat is None or type(img) is not np.ndarray or \
-                img.ndim not in (2, 3) or img.dtype not in _DTYPES:
+        path_hash = _path_hash(results.get('img_path'))
+        if slot is None or stat is None or path_hash is None or \
+                type(img) is not np.ndarray or img.ndim not in (2, 3) or \
+                img.dtype not in _DTYPES:
             return
         row = np.zeros(_ROW, np.int64)
         row[[_STATE, _NDIM, _DTYPE]] = (1, img.ndim, _DTYPES.index(img.dtype))
         row[_SHAPE:_SHAPE + img.ndim] = img.shape
-        row[[_SIZE, _MTIME, _HASH]] = (stat.st_size, stat.st_mtime_ns,
-                                       _path_hash(results['img_path']))
+        row[_HASH] = path_hash
+        row[_FILE:] = _file_key(stat)
         with self.lock:
             self.table[slot] = row
 
@@ -93,14 +107,13 @@ class ShapeMemo:
         with self.lock:
             row = self.table[slot].copy()
         path = results.get('img_path')
-        if row[_STATE] != 1 or type(path) is not str or \
-                row[_HASH] != _path_hash(path):
+        if row[_STATE] != 1 or row[_HASH] != _path_hash(path):
             return None
         try:
             stat = os.stat(path)
-        except OSError:
+        except (OSError, TypeError, ValueError):
             return None
-        if (stat.st_size, stat.st_mtime_ns) != (row[_SIZE], row[_MTIME]):
+        if _file_key(stat) != tuple(row[_FILE:]):
             return None
         shape = tuple(int(v) for v in row[_SHAPE:_SHAPE + row[_NDIM]])
         return shape, _DTYPES[int(row[_DTYPE])]
@@ -233,17 +246,27 @@ def unread(reads: Optional[tuple], paste: tuple, crop: tuple, size: tuple,
     """Whether the undecoded ``img``, resized to ``size`` and pasted at
     ``paste`` (x1, y1, x2, y2) from its ``crop``, lies wholly outside the
     box ``reads`` (:func:`affine_reads`; None: all is read), and stock's
-    resize and paste of it could not raise (a 3-channel ``uint8`` image
-    of a positive size into a 3-channel ``uint8`` canvas, the paste and
-    the crop of one size): then it need not be decoded."""
+    resize and paste of it cannot raise: a 3-channel ``uint8`` image of a
+    positive size into a 3-channel ``uint8`` canvas, at integer
+    coordinates inside the canvas and the resized image, the paste and the
+    crop of one size. Then it need not be decoded."""
     if reads is None or type(img) is not DeferredImage or \
-            not _colour(img) or not _colour(canvas) or \
-            min(size) <= 0 or paste[2] - paste[0] != crop[2] - crop[0] or \
+            not _colour(img) or not _colour(canvas) or min(size) <= 0 or \
+            not _inside(paste, canvas.shape[1], canvas.shape[0]) or \
+            not _inside(crop, size[0], size[1]) or \
+            paste[2] - paste[0] != crop[2] - crop[0] or \
             paste[3] - paste[1] != crop[3] - crop[1]:
         return False
     x1, y1, x2, y2 = paste
     return x2 <= reads[0] or x1 >= reads[2] or y2 <= reads[1] or \
         y1 >= reads[3]
+
+
+def _inside(box: tuple, width: int, height: int) -> bool:
+    """Whether ``box`` is four ``int`` with 0 <= x1 <= x2 <= width and
+    0 <= y1 <= y2 <= height (slices numpy takes as they are)."""
+    return len(box) == 4 and all(type(v) is int for v in box) and \
+        0 <= box[0] <= box[2] <= width and 0 <= box[1] <= box[3] <= height
 
 
 def _colour(img: Any) -> bool:
