@@ -18,7 +18,7 @@ from mmdet.datasets.transforms import (MixUp, Mosaic, RandomAffine,
                                        YOLOXHSVRandomAug)
 from mmdet.structures.bbox import HorizontalBoxes
 from mmdet.utils import register_all_modules
-from transform_utils import assert_same_run
+from transform_utils import assert_same_run, compare_mix_datasets
 from transform_utils import run_both as _run_both
 from transform_utils import same_states as _same_states
 from transform_utils import set_states as _set
@@ -305,31 +305,7 @@ def _train_dataset_cfg(data, ann_file=None, color_type='color'):
 
 
 def _compare_datasets(cfg, samples, skip=None, seed=0):
-    from mmdet.registry import DATASETS
-    stock = DATASETS.build(copy.deepcopy(cfg))
-    fast = DATASETS.build(copy.deepcopy(cfg))
-    outcome = switch_pipeline(fast)
-    assert type(fast) is FastMultiImageMixDataset
-    for dataset in (stock, fast) if skip else ():
-        dataset.update_skip_type_keys(skip)
-    np.random.seed(seed)
-    random.seed(seed)
-    torch.manual_seed(seed)
-    COUNTS.clear()
-    for i in range(samples):
-        (s_kind, s_out, s_states), (f_kind, f_out, f_states) = _run_both(
-            lambda r, i=i: stock[i % len(stock)],
-            lambda r, i=i: fast[i % len(fast)],
-            None)
-        assert s_kind == f_kind, (i, s_out, f_out)
-        if s_kind == 'raised':
-            assert s_out == f_out
-        else:
-            assert first_difference(
-                s_out, f_out) is None, (i, first_difference(s_out, f_out))
-        assert _same_states(s_states, f_states), i
-        _set(s_states)
-    return outcome
+    return compare_mix_datasets(cfg, samples, skip, seed)
 
 
 @pytest.mark.parametrize('skip', [None, ['Mosaic', 'RandomAffine', 'MixUp']])

@@ -4,7 +4,6 @@ and stock's samples and draws through the mixing wrapper."""
 import copy
 import multiprocessing
 import os
-import random
 
 import cv2
 import numpy as np
@@ -13,12 +12,12 @@ import torch
 from mmdet.datasets.transforms import RandomAffine
 from mmdet.structures.bbox import HorizontalBoxes
 from mmdet.utils import register_all_modules
-from transform_utils import run_both, same_states, set_states
+from transform_utils import (compare_mix_datasets, run_both, same_states,
+                             set_states)
 
 from fast_parallel.bench.pipeline import first_difference
 from fast_parallel.bench.presets import load_preset
-from fast_parallel.pipeline import COUNTS, switch_pipeline
-from fast_parallel.pipeline.mix_dataset import FastMultiImageMixDataset
+from fast_parallel.pipeline import COUNTS
 from fast_parallel.pipeline.unread import (DeferredImage, ShapeMemo,
                                            affine_reads)
 
@@ -153,33 +152,11 @@ def _dataset_cfg(data, mosaic_prob=1.0, between=None):
     return cfg
 
 
-def _compare(cfg, samples, cache_inputs=None, skip=None, seed=0):
-    """Stock and fast samples and draws, the fast memo warmed by one load
-    of every image first (loading draws nothing)."""
-    from mmdet.registry import DATASETS
-    stock = DATASETS.build(copy.deepcopy(cfg))
-    fast = DATASETS.build(copy.deepcopy(cfg))
-    outcome = switch_pipeline(fast, cache_inputs=cache_inputs)
-    assert type(fast) is FastMultiImageMixDataset
-    for dataset in (stock, fast) if skip else ():
-        dataset.update_skip_type_keys(skip)
-    for i in range(len(fast.dataset)):
-        fast.dataset[i]
-    np.random.seed(seed)
-    random.seed(seed)
-    torch.manual_seed(seed)
-    COUNTS.clear()
-    for i in range(samples):
-        (s_kind, s_out, s_states), (f_kind, f_out, f_states) = run_both(
-            lambda r, i=i: stock[i % len(stock)],
-            lambda r, i=i: fast[i % len(fast)],
-            None)
-        assert s_kind == f_kind == 'ok', (i, s_out, f_out)
-        assert first_difference(
-            s_out, f_out) is None, (i, first_difference(s_out, f_out))
-        assert same_states(s_states, f_states), i
-        set_states(s_states)
-    return outcome
+def _compare(cfg, samples, cache_inputs=None, skip=None):
+    """Stock and fast samples and draws (``transform_utils``), the fast
+    memo warmed by one load of every image first."""
+    return compare_mix_datasets(
+        cfg, samples, skip, cache_inputs=cache_inputs, warm=True)
 
 
 @pytest.mark.parametrize('cache_inputs', [None, 'auto'])

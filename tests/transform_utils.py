@@ -71,3 +71,45 @@ def sparse_annotations(sample_data, tmp_path) -> str:
     ann = tmp_path / 'sparse.json'
     ann.write_text(json.dumps(coco))
     return str(ann)
+
+
+def compare_mix_datasets(cfg,
+                         samples,
+                         skip=None,
+                         seed=0,
+                         cache_inputs=None,
+                         warm=False):
+    """Builds ``cfg``'s mixing dataset stock and fast, and asserts both give
+    the same samples (or errors) and random states, sample by sample;
+    returns the switch's outcome. ``warm``: every image loaded once by the
+    fast dataset first (loading draws nothing)."""
+    from mmdet.registry import DATASETS
+
+    from fast_parallel.pipeline import COUNTS, switch_pipeline
+    from fast_parallel.pipeline.mix_dataset import FastMultiImageMixDataset
+    stock = DATASETS.build(copy.deepcopy(cfg))
+    fast = DATASETS.build(copy.deepcopy(cfg))
+    outcome = switch_pipeline(fast, cache_inputs=cache_inputs)
+    assert type(fast) is FastMultiImageMixDataset
+    for dataset in (stock, fast) if skip else ():
+        dataset.update_skip_type_keys(skip)
+    for i in range(len(fast.dataset)) if warm else ():
+        fast.dataset[i]
+    np.random.seed(seed)
+    random.seed(seed)
+    torch.manual_seed(seed)
+    COUNTS.clear()
+    for i in range(samples):
+        (s_kind, s_out, s_states), (f_kind, f_out, f_states) = run_both(
+            lambda r, i=i: stock[i % len(stock)],
+            lambda r, i=i: fast[i % len(fast)],
+            None)
+        assert s_kind == f_kind, (i, s_out, f_out)
+        if s_kind == 'raised':
+            assert s_out == f_out
+        else:
+            assert first_difference(
+                s_out, f_out) is None, (i, first_difference(s_out, f_out))
+        assert same_states(s_states, f_states), i
+        set_states(s_states)
+    return outcome
