@@ -4,6 +4,7 @@ and stock's samples and draws through the mixing wrapper."""
 import copy
 import multiprocessing
 import os
+import time
 
 import cv2
 import numpy as np
@@ -105,7 +106,13 @@ def test_the_shape_memo_follows_the_file(tmp_path):
                           sample_idx=0)) == ((20, 30, 3), np.uint8)
     memo.record(dict(img_path=path, sample_idx=1, img=img), os.stat(path))
     assert memo.kept(_results(path, 1)) == ((20, 30, 3), np.uint8)
-    os.chmod(path, 0o600)
+    ctime = os.stat(path).st_ctime_ns
+    for k in range(500):  # (until the kernel's ctime clock has ticked)
+        os.chmod(path, 0o600 if k % 2 == 0 else 0o644)
+        if os.stat(path).st_ctime_ns != ctime:
+            break
+        time.sleep(0.002)
+    assert os.stat(path).st_ctime_ns != ctime
     assert memo.kept(_results(path, 0)) is None
     assert memo.kept(dict(img_path=None, sample_idx=0)) is None
     # a grayscale image is kept, but never left undecoded
@@ -196,6 +203,7 @@ CASES = {
     'centre -0.5-0.5': dict(center_ratio_range=(-0.5, 0.5)),
     'centre 2.1-3.0': dict(center_ratio_range=(2.1, 3.0)),
     'numpy boxes, a gray patch': dict(),
+    'numpy boxes, no flags': dict(),
 }
 
 
@@ -241,7 +249,8 @@ def test_undecoded_patches_keep_stocks_samples_and_errors(tmp_path, case):
         r['gt_bboxes'] = boxes if case.startswith('numpy') and seed else \
             HorizontalBoxes(torch.from_numpy(boxes))
         r['gt_bboxes_labels'] = np.zeros(n, np.int64)
-        r['gt_ignore_flags'] = np.zeros(n, bool)
+        if not (case.endswith('no flags') and seed == 1):
+            r['gt_ignore_flags'] = np.zeros(n, bool)
         return r
 
     def run(transform, picks, deferred):
@@ -277,5 +286,9 @@ def test_undecoded_patches_keep_stocks_samples_and_errors(tmp_path, case):
         assert COUNTS['deferred decodes: never read'] > 10
     if case.startswith('numpy') or case == 'float img_scale':
         assert 'raised' in outcomes
-    if case.startswith('numpy'):  # the first move of numpy boxes, first
+    if case.endswith('gray patch'):  # the first move of numpy boxes, first
         assert s_out.startswith('AttributeError'), s_out
+    if case.endswith('no flags'):  # the flags read before that move
+        assert s_out.startswith('KeyError'), s_out
+    if case.startswith('centre'):  # stock raised, or read the patches
+        assert 'raised' in outcomes or COUNTS['deferred decodes: never read']

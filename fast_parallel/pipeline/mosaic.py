@@ -83,12 +83,13 @@ def mosaic_of(t: Mosaic,
         x1_p, y1_p = paste_coord[:2]
         x1_c, y1_c = crop_coord[:2]
 
-        padw = x1_p - x1_c
-        padh = y1_p - y1_c
-        move = (patch['gt_bboxes'], scale_ratio_i, padw, padh)
-        mosaic_bboxes.append(move if batch else _moved_one(*move))
+        boxes_i = patch['gt_bboxes']  # (stock reads all three first)
         mosaic_bboxes_labels.append(patch['gt_bboxes_labels'])
         mosaic_ignore_flags.append(patch['gt_ignore_flags'])
+        padw = x1_p - x1_c
+        padh = y1_p - y1_c
+        move = (boxes_i, scale_ratio_i, padw, padh)
+        mosaic_bboxes.append(move if batch else _moved_one(*move))
         if with_mask and patch.get('gt_masks', None) is not None:
             # rescale and translate make new masks
             out_shape = (int(t.img_scale[0] * 2), int(t.img_scale[1] * 2))

@@ -200,8 +200,11 @@ def affine_reads(affine: Any, canvas_shape: tuple) -> Optional[tuple]:
 
     The numpy state is put back: the call draws the same numbers after.
     """
-    height = canvas_shape[0] + affine.border[1] * 2
-    width = canvas_shape[1] + affine.border[0] * 2
+    try:  # (a border stock cannot use raises in the warp, stock's way)
+        height = canvas_shape[0] + affine.border[1] * 2
+        width = canvas_shape[1] + affine.border[0] * 2
+    except Exception:
+        return None
     if not (isinstance(height, int) and isinstance(width, int)) or \
             height <= 0 or width <= 0:
         return None
