@@ -3,10 +3,11 @@
 YOLOX's ``RandomAffine`` follows ``Mosaic`` and warps only part of the
 2x canvas (its translation is about the canvas's origin), so on average
 1.5 of the four patches lie where no output pixel reads. A loaded image
-whose shape this run saw decoded from the same file (size and mtime) is
-handed to the fast Mosaic as a :class:`DeferredImage`; the Mosaic peeks
-the affine's draws (the numpy state put back) and decodes only the patches
-the warp may read. Why the bytes are stock's: ``docs/pipeline.md``.
+whose shape this run saw decoded from the same file (size, mtime, ctime,
+inode) is handed to the fast Mosaic as a :class:`DeferredImage`; the
+Mosaic peeks the affine's draws (the numpy state put back) and decodes only
+the patches the warp may read. Why the bytes are stock's:
+``docs/pipeline.md``.
 """
 import math
 import mmap
@@ -21,8 +22,8 @@ from fast_parallel.compat import affine_matrix
 from fast_parallel.pipeline.stats import count
 
 __all__ = [
-    'DeferredImage', 'ShapeMemo', 'affine_reads', 'decode_deferred', 'loaded',
-    'mosaic_reads', 'unread'
+    'DeferredImage', 'ShapeMemo', 'affine_reads', 'decode_deferred',
+    'install_shape_memos', 'loaded', 'mosaic_reads', 'unread'
 ]
 
 # one row per sample: state, ndim, shape (3), dtype number, path hash, then
@@ -55,8 +56,9 @@ def _file_key(stat: os.stat_result) -> tuple:
 
 class ShapeMemo:
     """The shape and dtype of each train image this run decoded, by sample
-    index, with the file's size and mtime: in anonymous shared memory made
-    before the workers fork, so every worker's decodes count.
+    index, with its path's hash and the file's :func:`_file_key`: in
+    anonymous shared memory made before the workers fork, so every
+    worker's decodes count.
 
     Args:
         length (int): The wrapped dataset's length.
