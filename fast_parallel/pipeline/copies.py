@@ -120,8 +120,6 @@ def _known_structures() -> frozenset:
     images a fast Mosaic decodes when it reads them."""
     from mmdet.structures.bbox import HorizontalBoxes
     from mmdet.structures.mask import BitmapMasks, PolygonMasks
-
-    from fast_parallel.pipeline.unread import DeferredImage
     return frozenset(
         (HorizontalBoxes, BitmapMasks, PolygonMasks, DeferredImage))
 

@@ -55,15 +55,16 @@ def mosaic_of(t: Mosaic,
     center_position = (center_x, center_y)
     # the canvas box the next RandomAffine reads (its draws peeked), where
     # a patch is still undecoded: one wholly outside it is never decoded
-    reads = mosaic_reads(t, shape, [results] + mix_results[:3])
+    patches = [results] + mix_results[:3]
+    reads = mosaic_reads(t, shape, patches)
     # boxes that cannot fail their moves are moved in one batch at the end;
     # any others patch by patch, where stock moves them (its error first)
-    batch = batchable(
-        [p.get('gt_bboxes') for p in [results] + mix_results[:3]])
+    batch = batchable([p.get('gt_bboxes') for p in patches])
 
     loc_strs = ('top_left', 'top_right', 'bottom_left', 'bottom_right')
     for i, loc in enumerate(loc_strs):
         # stock deep-copies each whole results dict; only the boxes change
+        # (a patch missing from ``mix_results`` raises stock's IndexError)
         patch = results if loc == 'top_left' else mix_results[i - 1]
         img_i = patch['img']
         h_i, w_i = img_i.shape[:2]
@@ -80,14 +81,12 @@ def mosaic_of(t: Mosaic,
             x1_p, y1_p, x2_p, y2_p = paste_coord
             x1_c, y1_c, x2_c, y2_c = crop_coord
             mosaic_img[y1_p:y2_p, x1_p:x2_p] = img_i[y1_c:y2_c, x1_c:x2_c]
-        x1_p, y1_p = paste_coord[:2]
-        x1_c, y1_c = crop_coord[:2]
 
         boxes_i = patch['gt_bboxes']  # (stock reads all three first)
         mosaic_bboxes_labels.append(patch['gt_bboxes_labels'])
         mosaic_ignore_flags.append(patch['gt_ignore_flags'])
-        padw = x1_p - x1_c
-        padh = y1_p - y1_c
+        padw = paste_coord[0] - crop_coord[0]
+        padh = paste_coord[1] - crop_coord[1]
         move = (boxes_i, scale_ratio_i, padw, padh)
         mosaic_bboxes.append(move if batch else _moved_one(*move))
         if with_mask and patch.get('gt_masks', None) is not None:

@@ -19,6 +19,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from fast_parallel.compat import affine_matrix
+from fast_parallel.pipeline.cache import DTYPES
 from fast_parallel.pipeline.stats import count
 
 __all__ = [
@@ -30,8 +31,6 @@ __all__ = [
 # the file's size, mtime, ctime (ns) and inode (:func:`_file_key`)
 _STATE, _NDIM, _SHAPE, _DTYPE, _HASH, _FILE = 0, 1, 2, 5, 6, 7
 _ROW = 11
-_DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32),
-           np.dtype(np.int16), np.dtype(np.float64), np.dtype(np.int32))
 #: Margin (pixels) around the corners' preimage: bilinear reads the next
 #: pixel, and OpenCV rounds the source point to 1/32 pixel.
 _MARGIN = 3
@@ -90,10 +89,10 @@ class ShapeMemo:
         path_hash = _path_hash(results.get('img_path'))
         if slot is None or stat is None or path_hash is None or \
                 type(img) is not np.ndarray or img.ndim not in (2, 3) or \
-                img.dtype not in _DTYPES:
+                img.dtype not in DTYPES:
             return
         row = np.zeros(_ROW, np.int64)
-        row[[_STATE, _NDIM, _DTYPE]] = (1, img.ndim, _DTYPES.index(img.dtype))
+        row[[_STATE, _NDIM, _DTYPE]] = (1, img.ndim, DTYPES.index(img.dtype))
         row[_SHAPE:_SHAPE + img.ndim] = img.shape
         row[_HASH] = path_hash
         row[_FILE:] = _file_key(stat)
@@ -118,7 +117,7 @@ class ShapeMemo:
         if _file_key(stat) != tuple(row[_FILE:]):
             return None
         shape = tuple(int(v) for v in row[_SHAPE:_SHAPE + row[_NDIM]])
-        return shape, _DTYPES[int(row[_DTYPE])]
+        return shape, DTYPES[int(row[_DTYPE])]
 
     def kept_colour(self, results: dict) -> Optional[Tuple[tuple, np.dtype]]:
         """:meth:`kept` for a 3-channel ``uint8`` image (the only kind a
@@ -157,7 +156,7 @@ class DeferredImage:
 
         Raises:
             RuntimeError: Where the decode no longer gives the shape and
-                dtype this run saw from the same file size and mtime.
+                dtype this run saw from the same file (its stat unchanged).
         """
         lending, self.load._fp_lend = self.load._fp_lend, lend
         try:
@@ -170,8 +169,8 @@ class DeferredImage:
             raise RuntimeError(
                 f'{self.path}: decoded as {getattr(img, "shape", None)} '
                 f'{getattr(img, "dtype", None)}, where this run decoded '
-                f'{self.shape} {self.dtype} from the same file size and '
-                'mtime (set FastParallelHook(fast_pipeline=False))')
+                f'{self.shape} {self.dtype} from the same file, its stat '
+                'unchanged (set FastParallelHook(fast_pipeline=False))')
         count('deferred decodes: decoded')
         return img
 
