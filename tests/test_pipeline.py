@@ -939,3 +939,49 @@ def test_no_retries_and_self_holding_results_as_on_stock(sample_data):
     handed = as_deepcopied(loop)
     assert handed['me'] is handed and handed['a'].flags.owndata
     assert first_difference(handed['a'], copy.deepcopy(loop)['a']) is None
+
+
+def test_a_load_that_draws_makes_mixup_load_its_sample_again(sample_data):
+    """A user's load class that draws, named as stock's (so the wrapper's
+    items count as fresh): MixUp's sample is loaded again, as stock does,
+    not reused from its ``get_indexes``."""
+    from mmdet.datasets.transforms import LoadAnnotations as StockLoad
+    from mmdet.registry import TRANSFORMS
+
+    class LoadAnnotations(StockLoad):
+
+        def transform(self, results):
+            results['drawn'] = random.random()
+            return super().transform(results)
+
+    TRANSFORMS.register_module(
+        name='DrawingLoadAnnotationsForTest',
+        module=LoadAnnotations,
+        force=True)
+    cfg = _train_dataset_cfg(sample_data)
+    assert cfg.dataset.pipeline[1]['type'] == 'LoadAnnotations'
+    cfg.dataset.pipeline[1]['type'] = 'DrawingLoadAnnotationsForTest'
+    _compare_datasets(cfg, 12)
+    assert COUNTS['samples'] == 12 and COUNTS['mix loads reused'] == 0
+
+
+def test_mixups_sample_is_loaded_again_after_a_refetch(sample_data, tmp_path):
+    """Files that are gone, with ``ignore_empty``: the load gives None and
+    ``BaseDataset`` picks another sample at random (a draw), for
+    ``get_indexes``' load as for stock's second load of MixUp's sample; the
+    fast wrapper keeps only a sample loaded without that draw."""
+    with open(sample_data / 'coco/annotations/instances_train2017.json') as f:
+        coco = json.load(f)
+    first = max(image['id'] for image in coco['images']) + 1
+    box = coco['annotations'][0]
+    for k in range(len(coco['images'])):  # as many gone as there
+        coco['images'].append(
+            dict(coco['images'][0], id=first + k, file_name=f'gone_{k}.jpg'))
+        coco['annotations'].append(dict(box, id=10**6 + k, image_id=first + k))
+    ann = tmp_path / 'gone.json'
+    ann.write_text(json.dumps(coco))
+    cfg = _train_dataset_cfg(sample_data, str(ann))
+    cfg.dataset.pipeline[0]['ignore_empty'] = True
+    _compare_datasets(cfg, 40)
+    assert COUNTS['samples'] == 40
+    assert 0 < COUNTS['mix loads reused'] < 40  # (some refetched)

@@ -219,15 +219,25 @@ def _walk_new(value: Any, boxes: tuple, plain: Dict[int, Any],
         if id(value) in plain:
             return value, True
         items = value.values() if kind is dict else value
-        if _SCALARS.issuperset(map(type, items)):
-            walked, all_plain = value, True
-        else:
-            pairs = [(v, True) if type(v) in _SCALARS else _walk(
-                v, boxes, plain, memo, keep_lent) for v in items]
-            all_plain = all(p for _, p in pairs)
-            new = [v for v, _ in pairs]
-            walked = value
-            if any(a is not b for a, b in zip(new, items)):
+        walked, all_plain = value, True
+        if not _SCALARS.issuperset(map(type, items)):
+            new, changed = [], False
+            for v in items:
+                item = type(v)
+                if item in _SCALARS or ((item is tuple or item is list)
+                                        and _SCALARS.issuperset(map(type, v))):
+                    new.append(v)  # (plain; scalars in a list or tuple are
+                    continue  # handed over as they are, as walked)
+                if item is np.ndarray and v.base is None and \
+                        v.flags.c_contiguous and v.flags.writeable and \
+                        not v.dtype.hasobject:
+                    handed, v_plain = v, False  # (as walked: kept)
+                else:
+                    handed, v_plain = _walk(v, boxes, plain, memo, keep_lent)
+                all_plain = all_plain and v_plain
+                changed = changed or handed is not v
+                new.append(handed)
+            if changed:
                 walked = dict(zip(value, new)) if kind is dict else kind(new)
         if all_plain and not top:
             plain[id(walked)] = walked  # held, so that no id is reused

@@ -14,7 +14,7 @@ import collections.abc
 import contextlib
 import copy
 import inspect
-from typing import Any, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 from mmdet.datasets import MultiImageMixDataset
@@ -22,7 +22,7 @@ from mmdet.datasets import MultiImageMixDataset
 from fast_parallel.compat import mix_skip_type_keys, own_random_matrix
 from fast_parallel.pipeline.cache import FastLoadImageFromFile, lent
 from fast_parallel.pipeline.copies import (RandomStates, _box_types,
-                                           as_deepcopied)
+                                           as_deepcopied, fresh_results_why)
 from fast_parallel.pipeline.stats import count
 from fast_parallel.pipeline.unread import DeferredImage
 
@@ -48,18 +48,43 @@ def retries_alike(transform: Any) -> bool:
         type(transform).__module__.startswith('mmdet.')
 
 
+def _draws_nothing(dataset: Any) -> bool:
+    """Whether ``dataset`` is a ``BaseDataset`` with stock's loading
+    methods and every transform of its pipeline is of a load class read to
+    draw no random number (mmcv's and the fast image load, mmdet's
+    ``LoadAnnotations``; exact classes)."""
+    from mmcv.transforms import LoadImageFromFile
+    from mmdet.datasets.transforms import LoadAnnotations
+    return fresh_results_why(dataset) is None and all(
+        type(t) in (FastLoadImageFromFile, LoadImageFromFile, LoadAnnotations)
+        for t in dataset.pipeline.transforms)
+
+
 class _LoadProbe:
     """The wrapped dataset as ``MixUp.get_indexes`` sees it, remembering the
-    last sample it loaded and whether loading it drew any random number."""
+    last sample it loaded if loading it drew no random number.
+
+    With loads that draw nothing (:func:`_draws_nothing`), only
+    ``BaseDataset``'s refetch of a broken sample draws (it picks another
+    index at random, and the item then holds that index): an item that
+    holds the index asked for was loaded without a draw. With other load
+    classes the random states before and after the load are compared.
+    """
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
         self.last: Optional[tuple] = None
+        self.checks = not _draws_nothing(dataset)
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
+        if not self.checks:
+            item = self.dataset[index]
+            drew = type(item) is not dict or item.get('sample_idx') != index
+            self.last = None if drew else (index, item)
+            return item
         before = RandomStates()
         item = self.dataset[index]
         clean = before.same_as(RandomStates())
@@ -121,6 +146,24 @@ def _probes(transform: Any) -> bool:
                                   None) is MixUp.__dict__['get_indexes']
 
 
+#: Transform class -> (its copy can be left out, it never returns None,
+#: it only reads loaded images, it is probed): all read off the class.
+_KINDS: Dict[type, Tuple[bool, bool, bool, bool]] = {}
+
+
+def _kind(transform: Any) -> Tuple[bool, bool, bool, bool]:
+    """``(never_none or retries_alike, never_none, _reads, _probes)`` of
+    ``transform``'s class, worked out once per class."""
+    kind = _KINDS.get(type(transform))
+    if kind is None:
+        kind = _KINDS[type(transform)] = (never_none(transform)
+                                          or retries_alike(transform),
+                                          never_none(transform),
+                                          _reads(transform),
+                                          _probes(transform))
+    return kind
+
+
 class FastMultiImageMixDataset(MultiImageMixDataset):
     """``MultiImageMixDataset`` with stock's samples and draws, fewer copies.
 
@@ -155,10 +198,11 @@ class FastMultiImageMixDataset(MultiImageMixDataset):
                 results['mix_results'] = self._mix_results(
                     transform, boxes, plain, defer is not None
                     and transform is first)
-            if never_none(transform) or retries_alike(transform):
+            uncopied, nonnull, reads, _ = _kind(transform)
+            if uncopied:
                 updated = transform(
-                    as_deepcopied(results, boxes, plain, _reads(transform)))
-                if updated is None and never_none(transform):
+                    as_deepcopied(results, boxes, plain, reads))
+                if updated is None and nonnull:
                     raise RuntimeError(
                         f'{type(transform).__name__} returned None, which '
                         'mmdet 3.3.0 never does: fast_parallel cannot '
@@ -185,7 +229,7 @@ class FastMultiImageMixDataset(MultiImageMixDataset):
                      plain: dict,
                      defer: bool = False) -> list:
         for _ in range(self.max_refetch):
-            probe = _LoadProbe(self.dataset) if _probes(transform) else None
+            probe = _LoadProbe(self.dataset) if _kind(transform)[3] else None
             with self._lending(transform, defer) as lending:
                 indexes = transform.get_indexes(probe or self.dataset)
                 if not isinstance(indexes, collections.abc.Sequence):
@@ -212,7 +256,7 @@ class FastMultiImageMixDataset(MultiImageMixDataset):
         loads = [
             t for t in self.dataset.pipeline.transforms
             if type(t) is FastLoadImageFromFile
-        ] if _reads(reader) else []
+        ] if reader is not None and _kind(reader)[2] else []
         for load in loads:
             load._fp_lend = True
             load._fp_defer = defer
