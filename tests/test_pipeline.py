@@ -128,6 +128,47 @@ def test_as_deepcopied_hands_over_what_a_deep_copy_would():
     assert handed['nested'][0]['poly'] == copied['nested'][0]['poly']
 
 
+def test_as_deepcopied_keeps_a_deep_copys_aliasing_and_depth():
+    """An object met twice is handed as one object (a deep copy's memo
+    makes one copy of it); a structure deeper than the walk goes is deep-
+    copied (or fails) as stock's copy is, at every depth."""
+    shared_list, shared_array = [1.0, 2.0], np.zeros((2, 3), np.float32)
+    value = dict(
+        a=shared_list,
+        b=[shared_list, (shared_array, 1)],
+        c=dict(d=shared_array, e=shared_list))
+    handed, copied = as_deepcopied(value), copy.deepcopy(value)
+    assert handed['a'] is handed['b'][0] is handed['c']['e']
+    assert handed['b'][1][0] is handed['c']['d']
+    assert copied['a'] is copied['b'][0] and \
+        copied['b'][1][0] is copied['c']['d']
+    assert first_difference(handed, copied) is None
+
+    def nest(levels):
+        tree = dict(leaf=[1, 2])
+        for _ in range(levels):
+            tree = dict(k=tree)
+        return tree
+
+    def outcome(copier, tree, frames):  # called ``frames`` deeper
+        if frames:
+            return outcome(copier, tree, frames - 1)
+        try:
+            return copier(tree) and 'copied'
+        except RecursionError:
+            return 'raised'
+
+    def stock(tree):  # (a frame, as as_deepcopied's: stock's wrapper
+        return copy.deepcopy(tree)  # calls its copy from its own frame)
+
+    limit = sys.getrecursionlimit()
+    for levels in range(limit * 2 // 5, limit * 3 // 5):  # (both kinds)
+        for frames in (0, 1, 2):
+            tree = nest(levels)
+            assert outcome(stock, tree, frames) == \
+                outcome(as_deepcopied, tree, frames), (levels, frames)
+
+
 def test_first_difference_sees_every_kind_of_difference():
     nan = torch.tensor([float('nan')])
     payload = nan.clone()
@@ -985,3 +1026,23 @@ def test_mixups_sample_is_loaded_again_after_a_refetch(sample_data, tmp_path):
     _compare_datasets(cfg, 40)
     assert COUNTS['samples'] == 40
     assert 0 < COUNTS['mix loads reused'] < 40  # (some refetched)
+
+
+def test_mixups_load_is_looked_at_only_where_it_may_draw(sample_data):
+    """The states around get_indexes' load are compared only where a load
+    may draw: not for the stock loads of local files; yes for a file
+    backend of the user's (it may draw) or another pipeline object."""
+    from mmdet.registry import DATASETS
+
+    from fast_parallel.pipeline.mix_dataset import _LoadProbe
+    cfg = _train_dataset_cfg(sample_data)
+    fast = DATASETS.build(copy.deepcopy(cfg))
+    switch_pipeline(fast)
+    assert _LoadProbe(fast.dataset).checks is False
+    fast.dataset.pipeline.transforms[0].backend_args = dict(backend='local')
+    assert _LoadProbe(fast.dataset).checks is True
+    fast.dataset.pipeline.transforms[0].backend_args = None
+    fast.dataset.pipeline = copy.copy(fast.dataset.pipeline)
+    fast.dataset.pipeline.__class__ = type('MyCompose',
+                                           (type(fast.dataset.pipeline), ), {})
+    assert _LoadProbe(fast.dataset).checks is True

@@ -9,6 +9,7 @@ changes nothing. Why each step is exact: ``docs/pipeline.md``.
 """
 import copy
 import random as py_random
+import sys
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import cv2
@@ -177,8 +178,11 @@ def as_deepcopied(value: Any,
     """
     boxes = _box_types() if boxes is None else boxes
     plain = {} if plain is None else plain
+    # (deeper than a quarter of the recursion limit, where a deep copy may
+    # run out of stack: stock's copy, which then fails or not as stock's)
+    levels = sys.getrecursionlimit() // 4
     try:
-        return _walk(value, boxes, plain, {}, keep_lent, top=True)[0]
+        return _walk(value, boxes, plain, {}, keep_lent, levels, top=True)[0]
     except RecursionError:  # a structure that holds itself: stock's copy
         return copy.deepcopy(value)
 
@@ -188,6 +192,7 @@ def _walk(value: Any,
           plain: Dict[int, Any],
           memo: Dict[int, Tuple[Any, bool]],
           keep_lent: bool,
+          levels: int,
           top: bool = False) -> Tuple[Any, bool]:
     """(what to hand over, whether ``value`` holds only plain values).
 
@@ -197,12 +202,12 @@ def _walk(value: Any,
     found = memo.get(id(value))
     if found is None:
         found = memo[id(value)] = _walk_new(value, boxes, plain, memo,
-                                            keep_lent, top)
+                                            keep_lent, levels, top)
     return found
 
 
 def _walk_new(value: Any, boxes: tuple, plain: Dict[int, Any],
-              memo: Dict[int, Tuple[Any, bool]], keep_lent: bool,
+              memo: Dict[int, Tuple[Any, bool]], keep_lent: bool, levels: int,
               top: bool) -> Tuple[Any, bool]:
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
@@ -218,6 +223,8 @@ def _walk_new(value: Any, boxes: tuple, plain: Dict[int, Any],
     if kind is dict or kind is list or kind is tuple:
         if id(value) in plain:
             return value, True
+        if levels <= 0:
+            raise RecursionError('deeper than the walk goes')
         items = value.values() if kind is dict else value
         walked, all_plain = value, True
         if not _SCALARS.issuperset(map(type, items)):
@@ -233,7 +240,8 @@ def _walk_new(value: Any, boxes: tuple, plain: Dict[int, Any],
                         not v.dtype.hasobject:
                     handed, v_plain = v, False  # (as walked: kept)
                 else:
-                    handed, v_plain = _walk(v, boxes, plain, memo, keep_lent)
+                    handed, v_plain = _walk(v, boxes, plain, memo, keep_lent,
+                                            levels - 1)
                 all_plain = all_plain and v_plain
                 changed = changed or handed is not v
                 new.append(handed)

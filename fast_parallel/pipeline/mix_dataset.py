@@ -22,7 +22,8 @@ from mmdet.datasets import MultiImageMixDataset
 from fast_parallel.compat import mix_skip_type_keys, own_random_matrix
 from fast_parallel.pipeline.cache import FastLoadImageFromFile, lent
 from fast_parallel.pipeline.copies import (RandomStates, _box_types,
-                                           as_deepcopied, fresh_results_why)
+                                           as_deepcopied, fresh_results_why,
+                                           sample_is_plain)
 from fast_parallel.pipeline.stats import count
 from fast_parallel.pipeline.unread import DeferredImage
 
@@ -50,14 +51,21 @@ def retries_alike(transform: Any) -> bool:
 
 def _draws_nothing(dataset: Any) -> bool:
     """Whether ``dataset`` is a ``BaseDataset`` with stock's loading
-    methods and every transform of its pipeline is of a load class read to
-    draw no random number (mmcv's and the fast image load, mmdet's
-    ``LoadAnnotations``; exact classes)."""
+    methods and mmengine's ``Compose``, and every transform of its pipeline
+    is of a load class read to draw no random number (mmcv's and the fast
+    image load, mmdet's ``LoadAnnotations``; exact classes) reading local
+    files (no ``backend_args`` / ``file_client_args``: a user's file
+    backend may draw)."""
     from mmcv.transforms import LoadImageFromFile
     from mmdet.datasets.transforms import LoadAnnotations
-    return fresh_results_why(dataset) is None and all(
-        type(t) in (FastLoadImageFromFile, LoadImageFromFile, LoadAnnotations)
-        for t in dataset.pipeline.transforms)
+    from mmengine.dataset import Compose
+    return fresh_results_why(dataset) is None and \
+        type(dataset.pipeline) is Compose and all(
+            type(t) in (FastLoadImageFromFile, LoadImageFromFile,
+                        LoadAnnotations)
+            and getattr(t, 'backend_args', None) is None
+            and getattr(t, 'file_client_args', None) is None
+            for t in dataset.pipeline.transforms)
 
 
 class _LoadProbe:
@@ -66,9 +74,12 @@ class _LoadProbe:
 
     With loads that draw nothing (:func:`_draws_nothing`), only
     ``BaseDataset``'s refetch of a broken sample draws (it picks another
-    index at random, and the item then holds that index): an item that
-    holds the index asked for was loaded without a draw. With other load
-    classes the random states before and after the load are compared.
+    index at random, and the item then holds that index), unless the data
+    info holds an object of its own (its unpickling or deep copy runs its
+    code): an item of plain data (:func:`~fast_parallel.pipeline.copies.
+    sample_is_plain`) that holds the index asked for was loaded without a
+    draw. Otherwise the random states before and after the load are
+    compared.
     """
 
     def __init__(self, dataset: Any) -> None:
@@ -82,7 +93,8 @@ class _LoadProbe:
     def __getitem__(self, index: int) -> Any:
         if not self.checks:
             item = self.dataset[index]
-            drew = type(item) is not dict or item.get('sample_idx') != index
+            drew = type(item) is not dict or \
+                item.get('sample_idx') != index or not sample_is_plain(item)
             self.last = None if drew else (index, item)
             return item
         before = RandomStates()
@@ -147,20 +159,20 @@ def _probes(transform: Any) -> bool:
 
 
 #: Transform class -> (its copy can be left out, it never returns None,
-#: it only reads loaded images, it is probed): all read off the class.
-_KINDS: Dict[type, Tuple[bool, bool, bool, bool]] = {}
+#: it only reads loaded images): read off the class's identity, name and
+#: module alone.
+_KINDS: Dict[type, Tuple[bool, bool, bool]] = {}
 
 
-def _kind(transform: Any) -> Tuple[bool, bool, bool, bool]:
-    """``(never_none or retries_alike, never_none, _reads, _probes)`` of
+def _kind(transform: Any) -> Tuple[bool, bool, bool]:
+    """``(never_none or retries_alike, never_none, _reads)`` of
     ``transform``'s class, worked out once per class."""
     kind = _KINDS.get(type(transform))
     if kind is None:
         kind = _KINDS[type(transform)] = (never_none(transform)
                                           or retries_alike(transform),
                                           never_none(transform),
-                                          _reads(transform),
-                                          _probes(transform))
+                                          _reads(transform))
     return kind
 
 
@@ -198,7 +210,7 @@ class FastMultiImageMixDataset(MultiImageMixDataset):
                 results['mix_results'] = self._mix_results(
                     transform, boxes, plain, defer is not None
                     and transform is first)
-            uncopied, nonnull, reads, _ = _kind(transform)
+            uncopied, nonnull, reads = _kind(transform)
             if uncopied:
                 updated = transform(
                     as_deepcopied(results, boxes, plain, reads))
@@ -229,7 +241,7 @@ class FastMultiImageMixDataset(MultiImageMixDataset):
                      plain: dict,
                      defer: bool = False) -> list:
         for _ in range(self.max_refetch):
-            probe = _LoadProbe(self.dataset) if _kind(transform)[3] else None
+            probe = _LoadProbe(self.dataset) if _probes(transform) else None
             with self._lending(transform, defer) as lending:
                 indexes = transform.get_indexes(probe or self.dataset)
                 if not isinstance(indexes, collections.abc.Sequence):
