@@ -48,6 +48,8 @@ def test_the_read_box_holds_every_pixel_the_warp_reads(kwargs):
     for k in range(60):
         shape = shapes[k % len(shapes)]
         canvas = rng.integers(0, 256, shape, np.uint8)
+        if k % 2:  # (a Gaussian kept by numpy's legacy state, or none)
+            np.random.standard_normal()
         before = np.random.get_state()
         box = affine_reads(affine, shape)
         assert box is not None
@@ -68,6 +70,26 @@ def test_the_read_box_holds_every_pixel_the_warp_reads(kwargs):
             garbled, matrix, (width, height), borderValue=affine.border_val)
         assert np.array_equal(out, again), (k, box, matrix)
     assert narrowed > 0  # the box leaves some of the canvas out
+
+
+@pytest.mark.parametrize('why', ['numpy < 1.25', 'another state layout'])
+def test_the_peek_puts_numpys_state_back_the_slow_way(monkeypatch, why):
+    """Without ``get_bit_generator``, or where copying the state's memory
+    was found not to restore it, the peek uses get_state / set_state."""
+    from fast_parallel.pipeline import unread as unread_module
+    assert unread_module._copies_state() is True  # (this numpy)
+    affine = RandomAffine()
+    np.random.seed(4)
+    np.random.standard_normal()
+    before = np.random.get_state()
+    if why == 'numpy < 1.25':
+        monkeypatch.delattr(np.random, 'get_bit_generator')
+    else:
+        monkeypatch.setattr(unread_module, '_COPIES_STATE', False)
+    assert len(unread_module._save_numpy_state()) == 5  # (get_state's)
+    assert affine_reads(affine, (1280, 1280, 3)) is not None
+    after = np.random.get_state()
+    assert np.array_equal(before[1], after[1]) and before[2:] == after[2:]
 
 
 def test_no_box_where_the_output_is_empty():
