@@ -40,9 +40,12 @@ AFFINES = [
 def test_the_read_box_holds_every_pixel_the_warp_reads(kwargs):
     """Pixels outside the box, changed at random, change no output byte;
     the peek leaves the draws to the warp's own call."""
+    from fast_parallel.pipeline import rng_state
     affine = RandomAffine(**kwargs)
     rng = np.random.default_rng(0)
     np.random.seed(1)
+    # (this numpy takes the memory copy)
+    assert type(rng_state.save_numpy_state()).__name__ == '_SavedMemory'
     shapes = [(1280, 1280, 3), (720, 900, 3), (661, 1000, 3)]
     narrowed = 0
     for k in range(60):
@@ -76,8 +79,8 @@ def test_the_read_box_holds_every_pixel_the_warp_reads(kwargs):
 def test_the_peek_puts_numpys_state_back_the_slow_way(monkeypatch, why):
     """Without ``get_bit_generator``, or where copying the state's memory
     was found not to restore it, the peek uses get_state / set_state."""
-    from fast_parallel.pipeline import unread as unread_module
-    assert unread_module._copies_state() is True  # (this numpy)
+    from fast_parallel.pipeline import rng_state
+    assert rng_state.copies_state() is True  # (this numpy)
     affine = RandomAffine()
     np.random.seed(4)
     np.random.standard_normal()
@@ -85,8 +88,8 @@ def test_the_peek_puts_numpys_state_back_the_slow_way(monkeypatch, why):
     if why == 'numpy < 1.25':
         monkeypatch.delattr(np.random, 'get_bit_generator')
     else:
-        monkeypatch.setattr(unread_module, '_COPIES_STATE', False)
-    assert len(unread_module._save_numpy_state()) == 5  # (get_state's)
+        monkeypatch.setattr(rng_state, '_COPIES_STATE', False)
+    assert type(rng_state.save_numpy_state()) is tuple  # (get_state)
     assert affine_reads(affine, (1280, 1280, 3)) is not None
     after = np.random.get_state()
     assert np.array_equal(before[1], after[1]) and before[2:] == after[2:]

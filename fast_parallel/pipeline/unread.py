@@ -9,7 +9,6 @@ Mosaic peeks the affine's draws (the numpy state put back) and decodes only
 the patches the warp may read. Why the bytes are stock's:
 ``docs/pipeline.md``.
 """
-import ctypes
 import math
 import mmap
 import multiprocessing
@@ -21,6 +20,8 @@ import numpy as np
 
 from fast_parallel.compat import affine_matrix
 from fast_parallel.pipeline.cache import DTYPES
+from fast_parallel.pipeline.rng_state import (restore_numpy_state,
+                                              save_numpy_state)
 from fast_parallel.pipeline.stats import count
 
 __all__ = [
@@ -195,58 +196,6 @@ def decode_deferred(results: Any) -> None:
                 decode_deferred(mix)
 
 
-#: numpy's ``mt19937_state`` (``uint32 key[624]; int pos``), in bytes.
-_MT19937_BYTES = 624 * 4 + 4
-
-
-def _save_numpy_state() -> Any:
-    """numpy's global state, to put back after a peek at draws that are
-    all ``uniform`` (mmdet's ``RandomAffine`` matrix): the MT19937 key and
-    position, copied as memory (~1 us; ``get_state`` / ``set_state`` take
-    ~55 us), where numpy has ``get_bit_generator`` (1.25+); else
-    ``get_state``. A uniform draw leaves the legacy Gaussian cache as it
-    is."""
-    getter = getattr(np.random, 'get_bit_generator', None)
-    generator = getter() if getter is not None else None
-    if type(generator).__name__ != 'MT19937' or not _copies_state():
-        return np.random.get_state()
-    address = generator.ctypes.state_address
-    saved = ctypes.create_string_buffer(_MT19937_BYTES)
-    ctypes.memmove(saved, address, _MT19937_BYTES)
-    return generator, address, saved
-
-
-_COPIES_STATE: Optional[bool] = None
-
-
-def _copies_state() -> bool:
-    """Whether copying the state's memory puts numpy's state back (checked
-    once per process on a generator of its own: the layout is numpy's)."""
-    global _COPIES_STATE
-    if _COPIES_STATE is None:
-        generator = np.random.MT19937(12345)
-        own = np.random.RandomState(generator)
-        address = generator.ctypes.state_address
-        saved = ctypes.create_string_buffer(_MT19937_BYTES)
-        before = own.get_state()
-        ctypes.memmove(saved, address, _MT19937_BYTES)
-        own.uniform(size=700)  # (past a 624-word refill)
-        ctypes.memmove(address, saved, _MT19937_BYTES)
-        after = own.get_state()
-        _COPIES_STATE = bool(
-            np.array_equal(before[1], after[1]) and before[2:] == after[2:])
-    return _COPIES_STATE
-
-
-def _restore_numpy_state(state: Any) -> None:
-    """Puts back what :func:`_save_numpy_state` saved."""
-    if len(state) == 3:  # (get_state's tuple has five items)
-        _, address, saved = state  # (the generator is held: address lives)
-        ctypes.memmove(address, saved, _MT19937_BYTES)
-    else:
-        np.random.set_state(state)
-
-
 def affine_reads(affine: Any, canvas_shape: tuple) -> Optional[tuple]:
     """The canvas box ``(x0, y0, x1, y1)`` (ends excluded) holding every
     pixel ``affine``'s ``warpPerspective`` of a ``canvas_shape`` image can
@@ -262,13 +211,13 @@ def affine_reads(affine: Any, canvas_shape: tuple) -> Optional[tuple]:
     if not (isinstance(height, int) and isinstance(width, int)) or \
             height <= 0 or width <= 0:
         return None
-    state = _save_numpy_state()
+    state = save_numpy_state()
     try:
         matrix = np.asarray(affine_matrix(affine)(height, width), np.float64)
     except Exception:  # the warp's own call raises it, stock's way
         return None
     finally:
-        _restore_numpy_state(state)
+        restore_numpy_state(state)
     if matrix.shape != (3, 3) or not np.isfinite(matrix).all() or \
             (matrix[2] != (0, 0, 1)).any():
         return None
