@@ -130,6 +130,8 @@ def _plain(value: Any, known: frozenset) -> bool:
     if kind in _SCALARS or kind in known:
         return True
     if kind is dict or kind is list or kind is tuple:
+        if _scalar_tree(value, 4):
+            return True
         items = value.values() if kind is dict else value
         if kind is dict and not _SCALARS.issuperset(map(type, value)):
             return False
@@ -138,6 +140,24 @@ def _plain(value: Any, known: frozenset) -> bool:
     if kind is np.ndarray:
         return not value.dtype.hasobject
     return isinstance(value, np.generic) and not isinstance(value, np.object_)
+
+
+def _scalar_tree(value: Any, depth: int) -> bool:
+    """Whether ``value`` is dicts (of scalar keys), lists and tuples of
+    Python scalars, at most ``depth`` containers deep (a dataset info's
+    ``instances``, their boxes and polygons): plain, checked without the
+    walk's bookkeeping."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    if depth <= 0 or not (kind is list or kind is tuple or kind is dict):
+        return False
+    if kind is dict:
+        if not _SCALARS.issuperset(map(type, value)):
+            return False
+        value = value.values()
+    return _SCALARS.issuperset(map(type, value)) or all(
+        _scalar_tree(item, depth - 1) for item in value)
 
 
 def _box_types() -> tuple:
@@ -231,10 +251,11 @@ def _walk_new(value: Any, boxes: tuple, plain: Dict[int, Any],
             new, changed = [], False
             for v in items:
                 item = type(v)
-                if item in _SCALARS or ((item is tuple or item is list)
-                                        and _SCALARS.issuperset(map(type, v))):
-                    new.append(v)  # (plain; scalars in a list or tuple are
-                    continue  # handed over as they are, as walked)
+                if item in _SCALARS or (
+                    (item is tuple or item is list or item is dict)
+                        and _scalar_tree(v, 4)):
+                    new.append(v)  # (plain: handed over as it is, as
+                    continue  # walked; an info's instances, say)
                 if item is np.ndarray and v.base is None and \
                         v.flags.c_contiguous and v.flags.writeable and \
                         not v.dtype.hasobject:
