@@ -130,8 +130,6 @@ def _plain(value: Any, known: frozenset) -> bool:
     if kind in _SCALARS or kind in known:
         return True
     if kind is dict or kind is list or kind is tuple:
-        if _scalar_tree(value, 4):
-            return True
         items = value.values() if kind is dict else value
         if kind is dict and not _SCALARS.issuperset(map(type, value)):
             return False

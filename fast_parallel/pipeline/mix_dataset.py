@@ -91,15 +91,13 @@ class _LoadProbe:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
-        if not self.checks:
-            item = self.dataset[index]
-            drew = type(item) is not dict or \
-                item.get('sample_idx') != index or not sample_is_plain(item)
-            self.last = None if drew else (index, item)
-            return item
-        before = RandomStates()
+        before = RandomStates() if self.checks else None
         item = self.dataset[index]
-        clean = before.same_as(RandomStates())
+        if before is not None:
+            clean = before.same_as(RandomStates())
+        else:
+            clean = type(item) is dict and \
+                item.get('sample_idx') == index and sample_is_plain(item)
         self.last = (index, item) if clean else None
         return item
 

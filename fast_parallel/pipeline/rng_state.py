@@ -27,15 +27,13 @@ def save_numpy_state() -> Any:
     generator = getter() if getter is not None else None
     if type(generator).__name__ != 'MT19937' or not copies_state():
         return np.random.get_state()
-    saved = _SavedMemory(generator)
-    with generator.lock:  # (numpy's own draws hold it)
-        ctypes.memmove(saved.memory, saved.address, _MT19937_BYTES)
-    return saved
+    return _SavedMemory(generator)
 
 
 class _SavedMemory:
-    """An MT19937's state memory, copied (the generator is held, so its
-    state's address stays valid)."""
+    """An MT19937's state memory, copied when made (the generator is held,
+    so its state's address stays valid); :meth:`put_back` copies it back.
+    Both copies hold the generator's lock, as numpy's own draws do."""
 
     __slots__ = ('generator', 'address', 'memory')
 
@@ -43,6 +41,12 @@ class _SavedMemory:
         self.generator = generator
         self.address = generator.ctypes.state_address
         self.memory = ctypes.create_string_buffer(_MT19937_BYTES)
+        with generator.lock:
+            ctypes.memmove(self.memory, self.address, _MT19937_BYTES)
+
+    def put_back(self) -> None:
+        with self.generator.lock:
+            ctypes.memmove(self.address, self.memory, _MT19937_BYTES)
 
 
 _COPIES_STATE: Optional[bool] = None
@@ -55,12 +59,10 @@ def copies_state() -> bool:
     if _COPIES_STATE is None:
         generator = np.random.MT19937(12345)
         own = np.random.RandomState(generator)
-        address = generator.ctypes.state_address
-        saved = ctypes.create_string_buffer(_MT19937_BYTES)
         before = own.get_state()
-        ctypes.memmove(saved, address, _MT19937_BYTES)
+        saved = _SavedMemory(generator)
         own.uniform(size=700)  # (past a 624-word refill)
-        ctypes.memmove(address, saved, _MT19937_BYTES)
+        saved.put_back()
         after = own.get_state()
         _COPIES_STATE = bool(
             np.array_equal(before[1], after[1]) and before[2:] == after[2:])
@@ -70,7 +72,6 @@ def copies_state() -> bool:
 def restore_numpy_state(state: Any) -> None:
     """Puts back what :func:`save_numpy_state` saved."""
     if type(state) is _SavedMemory:
-        with state.generator.lock:
-            ctypes.memmove(state.address, state.memory, _MT19937_BYTES)
+        state.put_back()
     else:
         np.random.set_state(state)
