@@ -358,6 +358,10 @@ def test_mix_dataset_gives_stock_samples_and_draws(sample_data, skip):
     assert COUNTS['samples'] == 40
     # MixUp's sample was loaded once, not twice, unless switched off
     assert COUNTS['mix loads reused'] == (0 if skip else 40)
+    # (no cache: the Mosaic resized only the part the affine reads, some
+    # of the time)
+    assert (COUNTS['Mosaic: resizes cut to the part read'] > 0) == \
+        (skip is None)
 
 
 def test_mix_dataset_where_most_images_have_no_boxes(sample_data, tmp_path):

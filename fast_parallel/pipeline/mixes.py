@@ -18,6 +18,7 @@ from mmdet.structures.bbox import autocast_box_type
 from numpy import random
 
 from fast_parallel.pipeline.copies import CV_NATIVE, flipped_copy
+from fast_parallel.pipeline.scratch import padded_canvas, scratch
 from fast_parallel.pipeline.stats import count
 
 __all__ = [
@@ -151,18 +152,15 @@ def pad_val_why(pad_val) -> Optional[str]:
     return None
 
 
-def _canvas(shape: tuple, one: np.ndarray, image: np.ndarray) -> np.ndarray:
-    """Stock's ``np.ones(shape, dtype) * pad_val`` with ``image`` at its top
-    left: the pad written only where the image is not."""
-    canvas = np.empty(shape, one.dtype)
-    h, w = image.shape[:2]
-    canvas[:h, :w] = image
-    if h < shape[0]:
-        canvas[h:] = filled((shape[0] - h, ) + shape[1:], one, one.dtype)
-    if w < shape[1]:
-        canvas[:h, w:] = filled((min(h, shape[0]), shape[1] - w, shape[2]),
-                                one, one.dtype)
-    return canvas
+def _jittered(canvas: np.ndarray, size: tuple) -> Optional[np.ndarray]:
+    """Scratch memory for OpenCV's jitter resize of the float64 ``canvas``
+    to ``size`` (width, height); None (stock's new array, or stock's
+    error) for another dtype, backend or an empty size."""
+    if canvas.dtype != np.float64 or min(size) <= 0 or \
+            mmcv_geometric.imread_backend != 'cv2':
+        return None
+    return scratch('jittered', (size[1], size[0]) + canvas.shape[2:],
+                   canvas.dtype)
 
 
 def mix_halves(ori_img: np.ndarray, crop: np.ndarray) -> np.ndarray:
@@ -227,9 +225,10 @@ class MixWindow:
             self._window_of_image(retrieve_img, one.astype(np.uint8), rows,
                                   cols)
             return
-        out_img = _canvas(canvas_shape, one, retrieve_img)
-        out_img = mmcv.imresize(out_img, (int(out_img.shape[1] * jit_factor),
-                                          int(out_img.shape[0] * jit_factor)))
+        out_img = padded_canvas(canvas_shape, one, retrieve_img)
+        size = (int(out_img.shape[1] * jit_factor),
+                int(out_img.shape[0] * jit_factor))
+        out_img = mmcv.imresize(out_img, size, out=_jittered(out_img, size))
         self.origin_h, self.origin_w = out_img.shape[:2]
         rows, cols = self._offsets(t, target_shape)
         y0, x0 = self.y_offset, self.x_offset

@@ -7,7 +7,7 @@ decoding only the patches the next ``RandomAffine`` reads
 (:mod:`~fast_parallel.pipeline.unread`). Why: ``docs/pipeline.md``.
 """
 import copy
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -18,9 +18,11 @@ from numpy import random
 from fast_parallel.compat import mosaic_combine
 from fast_parallel.pipeline.copies import sample_is_plain
 from fast_parallel.pipeline.mixes import filled, fit_patch, resize_keeps
+from fast_parallel.pipeline.part_resize import needed_part, resized_part
 from fast_parallel.pipeline.stats import count
 from fast_parallel.pipeline.unread import (decode_deferred, loaded,
-                                           mosaic_reads, unread)
+                                           mosaic_reads, pastes_cleanly,
+                                           unread)
 
 __all__ = ['FastMosaic', 'batchable', 'moved_boxes', 'mosaic_of']
 
@@ -76,10 +78,17 @@ def mosaic_of(t: Mosaic,
             count('deferred decodes: never read')
         else:
             img_i = loaded(img_i, lend=True)  # (only read here)
-            if size != (w_i, h_i) or not resize_keeps(img_i):
-                img_i = fit_patch(t, patch, img_i, size)
             x1_p, y1_p, x2_p, y2_p = paste_coord
             x1_c, y1_c, x2_c, y2_c = crop_coord
+            part = _part(t, reads, paste_coord, crop_coord, size, mosaic_img,
+                         img_i)
+            if part is not None:  # the top-left part the affine reads
+                (cols, rows), img_i = part
+                x2_c = max(x1_c, min(x2_c, cols))
+                y2_c = max(y1_c, min(y2_c, rows))
+                x2_p, y2_p = x1_p + x2_c - x1_c, y1_p + y2_c - y1_c
+            elif size != (w_i, h_i) or not resize_keeps(img_i):
+                img_i = fit_patch(t, patch, img_i, size)
             mosaic_img[y1_p:y2_p, x1_p:x2_p] = img_i[y1_c:y2_c, x1_c:x2_c]
 
         boxes_i = patch['gt_bboxes']  # (stock reads all three first)
@@ -121,6 +130,26 @@ def mosaic_of(t: Mosaic,
         mosaic_masks = mosaic_masks[0].cat(mosaic_masks)
         results['gt_masks'] = mosaic_masks[inside_inds]
     return results
+
+
+def _part(t: Mosaic, reads: Optional[tuple], paste: tuple, crop: tuple,
+          size: tuple, canvas: np.ndarray, img: np.ndarray) -> Optional[tuple]:
+    """``((cols, rows), image)``: the top-left part of the patch's resize
+    the next affine reads, and an image holding it
+    (:func:`~fast_parallel.pipeline.part_resize.resized_part`), where the
+    run keeps no resizes, the resize is not a copy, and stock's paste
+    cannot raise (:func:`~fast_parallel.pipeline.unread.pastes_cleanly`);
+    None otherwise."""
+    if getattr(t, '_fp_fit', None) is not None or \
+            size == img.shape[1::-1] or \
+            not pastes_cleanly(paste, crop, size, canvas, img):
+        return None
+    part = needed_part(reads, paste, crop, size)
+    resized = None if part is None else resized_part(img, size, part)
+    if resized is None:
+        return None
+    count('Mosaic: resizes cut to the part read')
+    return part, resized
 
 
 def batchable(boxes: list) -> bool:

@@ -26,7 +26,7 @@ from fast_parallel.pipeline.stats import count
 
 __all__ = [
     'DeferredImage', 'ShapeMemo', 'affine_reads', 'decode_deferred',
-    'install_shape_memos', 'loaded', 'mosaic_reads', 'unread'
+    'install_shape_memos', 'loaded', 'mosaic_reads', 'pastes_cleanly', 'unread'
 ]
 
 # one row per sample: state, ndim, shape (3), dtype number, path hash, then
@@ -239,10 +239,12 @@ def affine_reads(affine: Any, canvas_shape: tuple) -> Optional[tuple]:
 def mosaic_reads(t: Any, canvas_shape: tuple,
                  patches: list) -> Optional[tuple]:
     """:func:`affine_reads` of the ``RandomAffine`` after the Mosaic ``t``
-    (its ``_fp_then``) where a patch is undecoded; None otherwise."""
+    (its ``_fp_then``) where a patch is undecoded or the run keeps no
+    resizes (the Mosaic then resizes only the part read); None
+    otherwise."""
     affine = getattr(t, '_fp_then', None)
-    if affine is None or not any(
-            type(p.get('img')) is DeferredImage for p in patches):
+    if affine is None or (getattr(t, '_fp_fit', None) is not None and not any(
+            type(p.get('img')) is DeferredImage for p in patches)):
         return None
     return affine_reads(affine, canvas_shape)
 
@@ -257,15 +259,25 @@ def unread(reads: Optional[tuple], paste: tuple, crop: tuple, size: tuple,
     coordinates inside the canvas and the resized image, the paste and the
     crop of one size. Then it need not be decoded."""
     if reads is None or type(img) is not DeferredImage or \
-            not _colour(img) or not _colour(canvas) or min(size) <= 0 or \
-            not _inside(paste, canvas.shape[1], canvas.shape[0]) or \
-            not _inside(crop, size[0], size[1]) or \
-            paste[2] - paste[0] != crop[2] - crop[0] or \
-            paste[3] - paste[1] != crop[3] - crop[1]:
+            not pastes_cleanly(paste, crop, size, canvas, img):
         return False
     x1, y1, x2, y2 = paste
     return x2 <= reads[0] or x1 >= reads[2] or y2 <= reads[1] or \
         y1 >= reads[3]
+
+
+def pastes_cleanly(paste: tuple, crop: tuple, size: tuple, canvas: np.ndarray,
+                   img: Any) -> bool:
+    """Whether stock's resize of the 3-channel ``uint8`` ``img`` to
+    ``size`` and its paste at ``paste`` from ``crop`` cannot raise: a
+    positive size, a 3-channel ``uint8`` canvas, integer coordinates
+    inside the canvas and the resized image, the paste and the crop of one
+    size."""
+    return _colour(img) and _colour(canvas) and min(size) > 0 and \
+        _inside(paste, canvas.shape[1], canvas.shape[0]) and \
+        _inside(crop, size[0], size[1]) and \
+        paste[2] - paste[0] == crop[2] - crop[0] and \
+        paste[3] - paste[1] == crop[3] - crop[1]
 
 
 def _inside(box: tuple, width: int, height: int) -> bool:
