@@ -71,7 +71,13 @@ def test_only_boxes_whose_moves_cannot_fail_are_batched():
     assert not batchable([HorizontalBoxes(torch.rand(2, 4).bfloat16())] * 2)
 
 
-def test_mix_halves_is_stocks_float32_mix_for_every_pair_and_layout():
+@pytest.mark.parametrize('opencv', [True, False])
+def test_mix_halves_is_stocks_float32_mix_for_every_pair_and_layout(
+        monkeypatch, opencv):
+    from fast_parallel.pipeline import mixes
+    monkeypatch.setattr(mixes, '_FLOOR_MEAN', None if opencv else False)
+    if opencv:  # (this OpenCV passes the check: its one pass is taken)
+        assert mixes._weighted_is_floor_mean()
     values = np.arange(256, dtype=np.uint8)
     a, b = np.meshgrid(values, values)
     a = np.repeat(a[..., None], 3, 2)  # every pair, 3 channels

@@ -91,3 +91,33 @@ def test_mixup_hands_on_nothing_that_shares_its_scratch():
     ]
     assert all(not np.shares_memory(img, buf) for img in kept
                for buf in buffers)
+
+
+def test_the_mosaic_canvas_is_kept_only_for_the_affine_that_reads_it():
+    """With the next RandomAffine known (the mixing wrapper sets
+    ``_fp_then``), the canvas is this thread's kept array: it only reads it
+    and makes a new image. Otherwise each sample gets a new canvas, as
+    stock's (a transform of the user's may keep it)."""
+    import torch
+    from mmdet.datasets.transforms import Mosaic, RandomAffine
+    from mmdet.structures.bbox import HorizontalBoxes
+
+    from fast_parallel.pipeline.mosaic import FastMosaic, mosaic_of
+    rng = np.random.default_rng(2)
+
+    def patch():
+        return dict(
+            img=rng.integers(0, 256, (30, 40, 3), dtype=np.uint8),
+            gt_bboxes=HorizontalBoxes(torch.tensor([[1., 1, 20, 20]])),
+            gt_bboxes_labels=np.array([1]),
+            gt_ignore_flags=np.array([False]))
+
+    t = copy.deepcopy(Mosaic(img_scale=(40, 40)))
+    t.__class__ = FastMosaic
+    first = mosaic_of(t, patch(), [patch() for _ in range(3)])['img']
+    second = mosaic_of(t, patch(), [patch() for _ in range(3)])['img']
+    assert not np.shares_memory(first, second)
+    t._fp_then = RandomAffine()
+    first = mosaic_of(t, patch(), [patch() for _ in range(3)])['img']
+    second = mosaic_of(t, patch(), [patch() for _ in range(3)])['img']
+    assert first is second and first.base is None

@@ -19,6 +19,7 @@ from fast_parallel.compat import mosaic_combine
 from fast_parallel.pipeline.copies import sample_is_plain
 from fast_parallel.pipeline.mixes import filled, fit_patch, resize_keeps
 from fast_parallel.pipeline.part_resize import needed_part, resized_part
+from fast_parallel.pipeline.scratch import owned_scratch
 from fast_parallel.pipeline.stats import count
 from fast_parallel.pipeline.unread import (decode_deferred, loaded,
                                            mosaic_reads, pastes_cleanly,
@@ -50,7 +51,12 @@ def mosaic_of(t: Mosaic,
     shape = (int(t.img_scale[1] * 2), int(t.img_scale[0] * 2))
     if len(results['img'].shape) == 3:
         shape += (3, )
-    mosaic_img = filled(shape, t.pad_val, results['img'].dtype)
+    if getattr(t, '_fp_then', None) is not None:
+        # (read by the next RandomAffine alone, then dropped)
+        mosaic_img = owned_scratch('mosaic', shape, results['img'].dtype)
+        mosaic_img[...] = filled(shape[1:], t.pad_val, mosaic_img.dtype)
+    else:
+        mosaic_img = filled(shape, t.pad_val, results['img'].dtype)
 
     center_x = int(random.uniform(*t.center_ratio_range) * t.img_scale[0])
     center_y = int(random.uniform(*t.center_ratio_range) * t.img_scale[1])

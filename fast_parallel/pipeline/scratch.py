@@ -1,17 +1,18 @@
-"""Per-thread scratch memory for a transform's temporaries that never leave
-it: MixUp's float64 canvas and its jitter resize (up to ~35 MB).
+"""Per-thread scratch memory for temporaries no one else sees: MixUp's
+float64 canvas and its jitter resize (up to ~35 MB), and the Mosaic's
+canvas where only the next ``RandomAffine`` reads it (~5 MB).
 
-Stock allocates both anew for every sample. Kept, their pages stay mapped
-and the canvas's pad is written only where the last image lay; what a
-transform hands on is always a new array. Why and what it costs:
-``docs/pipeline.md`` ("Scratch memory").
+Stock allocates them anew for every sample. Kept, their pages stay mapped,
+and MixUp's canvas's pad is written only where the last image lay; what a
+transform hands on to the user is always a new array. Why and what it
+costs: ``docs/pipeline.md`` ("Scratch memory").
 """
 import threading
 from typing import Optional
 
 import numpy as np
 
-__all__ = ['padded_canvas', 'scratch']
+__all__ = ['owned_scratch', 'padded_canvas', 'scratch']
 
 _LOCAL = threading.local()
 
@@ -39,6 +40,17 @@ def scratch(name: str, shape: tuple, dtype) -> np.ndarray:
         kept = np.empty(max(size, 1), dtype)
         setattr(_LOCAL, name, kept)
     return kept[:size].reshape(shape)
+
+
+def owned_scratch(name: str, shape: tuple, dtype) -> np.ndarray:
+    """This thread's ``name`` array of exactly ``shape`` and ``dtype``, an
+    array that owns its memory (contents left over from its last use)."""
+    kept = getattr(_LOCAL, name, None)
+    if kept is None or kept.shape != tuple(shape) or \
+            kept.dtype != np.dtype(dtype):
+        kept = np.empty(shape, dtype)
+        setattr(_LOCAL, name, kept)
+    return kept
 
 
 def padded_canvas(shape: tuple, one: np.ndarray,
