@@ -64,6 +64,8 @@ def test_without_the_rule_on_this_opencv_every_resize_is_whole(monkeypatch):
 
     class Skewed:  # an OpenCV whose fx / fy resize rounds otherwise
         INTER_LINEAR = cv2.INTER_LINEAR
+        ipp = cv2.ipp
+        useOptimized = staticmethod(cv2.useOptimized)
 
         @staticmethod
         def resize(img, size, fx=None, fy=None, interpolation=None):
@@ -72,12 +74,12 @@ def test_without_the_rule_on_this_opencv_every_resize_is_whole(monkeypatch):
             return cv2.resize(img, size, interpolation=interpolation)
 
     monkeypatch.setattr(part_resize, 'cv2', Skewed)
-    monkeypatch.setattr(part_resize, '_EXACT', None)
+    monkeypatch.setattr(part_resize, '_EXACT', {})
     assert cut_resize_is_exact() is False
     img = np.zeros((100, 100, 3), np.uint8)
     assert resized_part(img, (150, 150), (20, 20)) is None
     monkeypatch.setattr(part_resize, 'cv2', cv2)
-    monkeypatch.setattr(part_resize, '_EXACT', None)
+    monkeypatch.setattr(part_resize, '_EXACT', {})
     assert cut_resize_is_exact() is True
 
 
@@ -87,3 +89,22 @@ def test_another_backend_resizes_whole(monkeypatch, backend):
     monkeypatch.setattr(geometric, 'imread_backend', backend)
     img = np.zeros((100, 100, 3), np.uint8)
     assert resized_part(img, (150, 150), (20, 20)) is None
+
+
+def test_ipp_where_it_rounds_otherwise_makes_every_resize_whole():
+    """``cv2.ipp.setUseIPP_NotExact(True)`` (per thread) sends 8-bit
+    resizes through IPP, whose scale comes from the sizes: the rule is
+    checked again under it, fails, and the resize is whole."""
+    img = np.random.default_rng(3).integers(0, 256, (480, 512, 3), np.uint8)
+    assert resized_part(img, (640, 600), (333, 251)) is not None
+    was = cv2.ipp.useIPP_NotExact()
+    cv2.ipp.setUseIPP_NotExact(True)
+    try:
+        out = resized_part(img, (640, 600), (333, 251))
+        whole = cv2.resize(img, (640, 600), interpolation=cv2.INTER_LINEAR)
+        assert out is None or np.array_equal(out[:251, :333],
+                                             whole[:251, :333])
+        assert out is None  # (this build: IPP rounds otherwise)
+    finally:
+        cv2.ipp.setUseIPP_NotExact(was)
+    assert resized_part(img, (640, 600), (333, 251)) is not None

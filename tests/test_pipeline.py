@@ -1050,3 +1050,39 @@ def test_mixups_load_is_looked_at_only_where_it_may_draw(sample_data):
     fast.dataset.pipeline.__class__ = type('MyCompose',
                                            (type(fast.dataset.pipeline), ), {})
     assert _LoadProbe(fast.dataset).checks is True
+
+
+def test_the_mosaic_is_told_its_affine_for_one_sample_only(
+        sample_data, monkeypatch):
+    """The wrapper tells its first Mosaic the RandomAffine that reads its
+    output only while it makes a sample: called on its own afterwards (a
+    user's script, a visualizer), the Mosaic gives stock's whole canvas,
+    in new memory."""
+    from mmdet.registry import DATASETS
+    fast = DATASETS.build(copy.deepcopy(_train_dataset_cfg(sample_data)))
+    switch_pipeline(fast, cache_inputs=None)
+    mosaic, affine = fast.pipeline[0], fast.pipeline[1]
+    told = []
+    inner = FastMosaic.transform
+
+    def spy(self, results):
+        told.append(self._fp_then)
+        return inner(self, results)
+
+    monkeypatch.setattr(FastMosaic, 'transform', spy)
+    fast[0]
+    fast[1]
+    assert told == [affine, affine] and mosaic._fp_then is None
+    stock = copy.deepcopy(mosaic)
+    stock.__class__ = Mosaic
+    rng = np.random.default_rng(4)
+    outs = []
+    for _ in range(2):
+        patches = [
+            _results(rng, 500, 700, 3, as_numpy=False) for _ in range(4)
+        ]
+        results = patches[0]
+        results['mix_results'] = patches[1:]
+        assert_same_run(stock, mosaic, results)
+        outs.append(mosaic.transform(copy.deepcopy(results))['img'])
+    assert not np.shares_memory(outs[0], outs[1])

@@ -121,3 +121,41 @@ def test_the_mosaic_canvas_is_kept_only_for_the_affine_that_reads_it():
     first = mosaic_of(t, patch(), [patch() for _ in range(3)])['img']
     second = mosaic_of(t, patch(), [patch() for _ in range(3)])['img']
     assert first is second and first.base is None
+
+
+@pytest.mark.parametrize('pad_val', [(114, 114), 114.5, (1, 2, 3)])
+def test_the_kept_mosaic_canvas_is_filled_as_stocks_new_one(pad_val):
+    """Stock's ``np.full``: its values, its broadcast and its error."""
+    import torch
+    from mmdet.datasets.transforms import Mosaic, RandomAffine
+    from mmdet.structures.bbox import HorizontalBoxes
+
+    from fast_parallel.pipeline.mosaic import FastMosaic
+    rng = np.random.default_rng(5)
+
+    def patch():
+        return dict(
+            img=rng.integers(0, 256, (30, 40, 3), dtype=np.uint8),
+            gt_bboxes=HorizontalBoxes(torch.tensor([[1., 1, 20, 20]])),
+            gt_bboxes_labels=np.array([1]),
+            gt_ignore_flags=np.array([False]))
+
+    stock = Mosaic(img_scale=(40, 40), pad_val=pad_val)
+    fast = copy.deepcopy(stock)
+    fast.__class__ = FastMosaic
+    fast._fp_then = RandomAffine()
+    for _ in range(3):
+        results = patch()
+        results['mix_results'] = [patch() for _ in range(3)]
+        state = np.random.get_state()
+        try:
+            want = stock.transform(copy.deepcopy(results))['img']
+        except ValueError as error:
+            np.random.set_state(state)
+            with pytest.raises(ValueError) as fast_error:
+                fast.transform(copy.deepcopy(results))
+            assert str(fast_error.value) == str(error)
+            continue
+        np.random.set_state(state)
+        got = fast.transform(copy.deepcopy(results))['img']
+        assert got.dtype == want.dtype and np.array_equal(got, want)

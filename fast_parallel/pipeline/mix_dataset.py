@@ -198,6 +198,16 @@ class FastMultiImageMixDataset(MultiImageMixDataset):
         defer = _defers_to(active)
         if _is_fast_mosaic(first):
             first._fp_then = defer
+        try:
+            return self._made(idx, first, defer, boxes, plain, skip)
+        finally:  # (the affine is known only for this sample's Mosaic)
+            if _is_fast_mosaic(first):
+                first._fp_then = None
+
+    def _made(self, idx: int, first: Any, defer: Any, boxes: tuple,
+              plain: dict, skip: Any) -> Any:
+        """The sample ``idx``, made with ``first`` (the first active
+        transform) told the affine it feeds (``defer``)."""
         with self._lending(first, defer is not None) as lending:
             results = as_deepcopied(self.dataset[idx], boxes, plain, lending)
         for transform, transform_type in zip(self.pipeline,

@@ -23,7 +23,7 @@ from fast_parallel.pipeline.scratch import padded_canvas, scratch
 from fast_parallel.pipeline.stats import count
 
 __all__ = [
-    'FastMixUp', 'MixWindow', 'colour_uint8', 'filled', 'fit_patch',
+    'FastMixUp', 'MixWindow', 'colour_uint8', 'fill', 'filled', 'fit_patch',
     'mix_halves', 'pad_val_why', 'resize_keeps'
 ]
 
@@ -35,15 +35,22 @@ def filled(shape: tuple, value, dtype) -> np.ndarray:
     first and copying it down the rows gives the same bytes (the same
     unsafe cast of each value) in row-sized copies.
     """
-    values = np.asarray(value)
-    if values.size == 1 or len(shape) != 3 or values.shape[-1:] != (
-            shape[2], ) or values.size != shape[2]:
-        return np.full(shape, value, dtype=dtype)
-    row = np.empty(shape[1:], dtype=dtype)
-    row[...] = values.reshape(-1)
     out = np.empty(shape, dtype=dtype)
-    out[...] = row
+    fill(out, value)
     return out
+
+
+def fill(out: np.ndarray, value) -> None:
+    """``out[...] = value`` as ``np.full`` fills (its unsafe cast, its
+    broadcast and its error), a row at a time for one value per channel."""
+    values = np.asarray(value)
+    if values.size == 1 or out.ndim != 3 or values.shape[-1:] != (
+            out.shape[2], ) or values.size != out.shape[2]:
+        np.copyto(out, value, casting='unsafe')  # (np.full's own fill)
+        return
+    row = np.empty(out.shape[1:], dtype=out.dtype)
+    row[...] = values.reshape(-1)
+    out[...] = row
 
 
 #: MixUp canvas dtypes (numpy's rule for a uint8 image times a pad_val in
@@ -153,13 +160,19 @@ def pad_val_why(pad_val) -> Optional[str]:
     return None
 
 
+#: Elements of the largest jitter resize kept in scratch memory (float64:
+#: 256 MB; YOLOX's largest is 25 MB).
+_MOST_KEPT = 1 << 25
+
+
 def _jittered(canvas: np.ndarray, size: tuple) -> Optional[np.ndarray]:
     """Scratch memory for OpenCV's jitter resize of the float64 ``canvas``
     to ``size`` (width, height); None (stock's new array, or stock's
     error) for another dtype, backend or an empty size."""
     if canvas.dtype != np.float64 or min(size) <= 0 or \
-            mmcv_geometric.imread_backend != 'cv2':
-        return None
+            mmcv_geometric.imread_backend != 'cv2' or \
+            size[0] * size[1] * canvas[0, 0].size > _MOST_KEPT:
+        return None  # (a huge size: OpenCV's own allocation, and error)
     return scratch('jittered', (size[1], size[0]) + canvas.shape[2:],
                    canvas.dtype)
 
@@ -179,7 +192,7 @@ def mix_halves(ori_img: np.ndarray, crop: np.ndarray) -> np.ndarray:
         return (0.5 * ori_img.astype(np.float32) +
                 0.5 * crop.astype(np.float32)).astype(np.uint8)
     if ori_img.shape == crop.shape and ori_img.ndim == 3 and \
-            ori_img.shape[2] <= 4 and _weighted_is_floor_mean():
+            ori_img.shape[2] == 3 and _weighted_is_floor_mean():
         # a * 0.5 + b * 0.5 - 0.25 is exact in float32 and lies a quarter
         # off an integer: OpenCV's rounding gives the floor, in one pass
         return cv2.addWeighted(ori_img, 0.5, crop, 0.5, -0.25)
@@ -199,8 +212,10 @@ def _weighted_is_floor_mean() -> bool:
     global _FLOOR_MEAN
     if _FLOOR_MEAN is None:
         values = np.arange(256, dtype=np.uint8)
+        # every pair, in rows of an odd length (OpenCV's scalar tail too)
         a, b = (
-            np.repeat(v[..., None], 3, 2) for v in np.meshgrid(values, values))
+            np.repeat(v[..., None], 3, 2)
+            for v in np.meshgrid(np.append(values, values[-1:]), values))
         want = ((a.astype(np.uint16) + b) >> 1).astype(np.uint8)
         got = cv2.addWeighted(a, 0.5, b, 0.5, -0.25)
         _FLOOR_MEAN = got.dtype == np.uint8 and np.array_equal(got, want)

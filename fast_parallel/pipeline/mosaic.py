@@ -17,7 +17,7 @@ from numpy import random
 
 from fast_parallel.compat import mosaic_combine
 from fast_parallel.pipeline.copies import sample_is_plain
-from fast_parallel.pipeline.mixes import filled, fit_patch, resize_keeps
+from fast_parallel.pipeline.mixes import fill, filled, fit_patch, resize_keeps
 from fast_parallel.pipeline.part_resize import needed_part, resized_part
 from fast_parallel.pipeline.scratch import owned_scratch
 from fast_parallel.pipeline.stats import count
@@ -54,7 +54,7 @@ def mosaic_of(t: Mosaic,
     if getattr(t, '_fp_then', None) is not None:
         # (read by the next RandomAffine alone, then dropped)
         mosaic_img = owned_scratch('mosaic', shape, results['img'].dtype)
-        mosaic_img[...] = filled(shape[1:], t.pad_val, mosaic_img.dtype)
+        fill(mosaic_img, t.pad_val)
     else:
         mosaic_img = filled(shape, t.pad_val, results['img'].dtype)
 
@@ -207,8 +207,10 @@ class FastMosaic(Mosaic):
 
     #: The run's kept resizes at ``img_scale`` (set by the switch), or None.
     _fp_fit: Any = None
-    #: The ``RandomAffine`` that takes this call's output (set by the
-    #: mixing wrapper while it hands over undecoded patches), or None.
+    #: The ``RandomAffine`` that takes this call's output: set by the mixing
+    #: wrapper for the one sample it makes where this Mosaic is its first
+    #: active transform and that exact affine the next, and reset after
+    #: it; None otherwise.
     _fp_then: Any = None
 
     def transform(self, results: dict) -> dict:

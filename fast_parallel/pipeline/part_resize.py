@@ -7,11 +7,12 @@ resize of the image cut just past the last source pixel the part reads,
 given stock's scale factors (``fx``, ``fy``) rather than a size, has the
 part's bytes. OpenCV copies where the cut's size rounds to itself: those
 take the full resize. Each process checks the rule on its own OpenCV once
+for each setting of the thread's OpenCV optimizations
 (:func:`cut_resize_is_exact`); where it fails, every resize is whole. Why:
-``docs/pipeline.md`` ("Mosaic's resizes").
+``docs/pipeline.md`` ("Mosaic's resizes of patches read in part").
 """
 import math
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import cv2
 import mmcv.image.geometric as mmcv_geometric
@@ -24,7 +25,10 @@ __all__ = ['cut_resize_is_exact', 'needed_part', 'resized_part']
 #: position to float (a margin for that rounding).
 _MARGIN = 3
 
-_EXACT: Optional[bool] = None
+#: OpenCV's per-thread settings that pick a resize's code path (its
+#: optimizations, IPP, IPP where it rounds otherwise) -> whether the rule
+#: held under them.
+_EXACT: Dict[tuple, bool] = {}
 
 
 def needed_part(reads: Optional[tuple], paste: tuple, crop: tuple,
@@ -106,17 +110,22 @@ def _cut_matches(rng: np.random.Generator, shape: tuple, size: tuple,
 
 
 def cut_resize_is_exact() -> bool:
-    """Whether this process's OpenCV gives a cut's resize the whole's bytes
-    (checked once: upscales and downscales, cut in rows, columns or both).
-    """
-    global _EXACT
-    if _EXACT is None:
-        _EXACT = False  # (while checking: whole resizes)
+    """Whether this process's OpenCV, under this thread's settings
+    (``cv2.useOptimized``, ``cv2.ipp.useIPP`` and ``useIPP_NotExact``:
+    IPP works its scale out from the sizes), gives a cut's resize the
+    whole's bytes (checked once per setting: upscales, downscales, exact
+    2x both ways; cut in rows, columns or both)."""
+    mode = (cv2.useOptimized(), cv2.ipp.useIPP(), cv2.ipp.useIPP_NotExact())
+    exact = _EXACT.get(mode)
+    if exact is None:
+        _EXACT[mode] = False  # (while checking: whole resizes)
         rng = np.random.default_rng(0)
         cases = [((97, 131, 3), (173, 128), (61, 40)),
                  ((131, 97, 3), (128, 173), (128, 51)),
                  ((150, 200, 3), (96, 72), (40, 72)),
                  ((480, 512, 3), (640, 600), (333, 251)),
-                 ((509, 536, 3), (640, 607), (640, 300))]
-        _EXACT = all(_cut_matches(rng, *case) for case in cases)
-    return _EXACT
+                 ((509, 536, 3), (640, 607), (640, 300)),
+                 ((360, 640, 3), (320, 180), (200, 101)),
+                 ((90, 160, 3), (320, 180), (201, 99))]
+        exact = _EXACT[mode] = all(_cut_matches(rng, *case) for case in cases)
+    return exact

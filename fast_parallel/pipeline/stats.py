@@ -20,7 +20,8 @@ __all__ = ['CATEGORIES', 'COUNTS', 'count', 'share_counts', 'shared_totals']
 #: handed to stock's, ``'stock copy: <type>'`` for a transform run with
 #: stock's retry copy, ``'cache: ...'`` for the decoded-input cache,
 #: ``'deferred decodes...'`` for the Mosaic patches handed over undecoded
-#: (:mod:`~fast_parallel.pipeline.unread`).
+#: (:mod:`~fast_parallel.pipeline.unread`), ``'Mosaic: resizes cut to the
+#: part read'`` (:mod:`~fast_parallel.pipeline.part_resize`).
 COUNTS: Counter = Counter()
 
 #: The shared totals, by the start of the keys they sum.
@@ -30,7 +31,7 @@ CATEGORIES = ('samples', 'stock: ', 'stock copy: ', 'mix loads reused',
               'cache: gt-database files read', 'cache: disk file unreadable',
               'cache: disk write failed', 'cache: resizes kept',
               'deferred decodes: never read', 'deferred decodes: decoded',
-              'deferred decodes')
+              'deferred decodes', 'Mosaic: resizes cut to the part read')
 
 
 class _Shared:
