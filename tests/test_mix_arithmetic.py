@@ -9,7 +9,7 @@ import pytest
 import torch
 from mmdet.structures.bbox import HorizontalBoxes
 
-from fast_parallel.pipeline.mixes import mix_halves
+from fast_parallel.pipeline.mixes import mix_halves, rescale
 from fast_parallel.pipeline.mosaic import batchable, moved_boxes
 
 
@@ -42,9 +42,11 @@ def test_moved_boxes_are_stocks_bits(dtype):
                 values[0, int(rng.integers(0, 4))] = rng.choice(
                     [np.nan, np.inf, -np.inf, -0.0])
             boxes = HorizontalBoxes(torch.tensor(values, dtype=dtype))
-            moves.append(
-                (boxes, float(rng.uniform(0.01, 9)),
-                 int(rng.integers(-900, 900)), int(rng.integers(-900, 900))))
+            # (pads past 2**24, not exact in float32: torch's own path)
+            far = 2**25 + 1 if case % 11 == 0 else 0
+            moves.append((boxes, float(rng.uniform(0.01, 9)),
+                          int(rng.integers(-900, 900)) + far,
+                          int(rng.integers(-900, 900))))
         assert batchable([m[0] for m in moves])
         before = [_bits(m[0].tensor).clone() for m in moves]
         got, want = moved_boxes(moves), _stock(moves)
@@ -111,3 +113,41 @@ def test_every_colour_has_a_hue_below_180_so_zero_gains_change_nothing():
     fast.__class__ = FastYOLOXHSVRandomAug
     want = stock.transform(dict(img=every.copy()))['img']
     assert np.array_equal(fast.transform(dict(img=every.copy()))['img'], want)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64, torch.half])
+def test_rescale_is_stocks_rescale_for_every_value(dtype):
+    """MixUp's ``rescale_([r, r])`` as one multiply by ``r``: the bits of
+    stock's for any boxes (NaN, infinities, signed zeros, tiny, huge) and
+    any ratio; a NaN ratio or another dtype takes stock's own call."""
+    rng = np.random.default_rng(1)
+    ints = {
+        torch.float32: torch.int32,
+        torch.float64: torch.int64,
+        torch.half: torch.int16
+    }[dtype]
+    ratios = [
+        1.0, 0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, 3.5e38, 1e300, 1e-310,
+        0.7, 1.3
+    ]
+    for case in range(1500):
+        n = int(rng.integers(0, 12))
+        raw = rng.integers(
+            0, 2**32, (n, 4),
+            dtype=np.uint64).astype(np.uint32).view(np.float32)
+        values = raw if case % 2 else rng.normal(0, 10.0**rng.integers(
+            -40, 38), (n, 4)).astype(np.float32)
+        values[np.abs(values) < 1e-3] *= -1
+        tensor = torch.from_numpy(values.copy()).to(dtype)
+        ratio = ratios[case % len(ratios)] if case % 3 else float(
+            rng.uniform(0.1, 4))
+        fast, stock = HorizontalBoxes(tensor), HorizontalBoxes(tensor)
+        before, kept = fast.tensor, fast.tensor.clone()
+        rescale(fast, float(ratio))
+        stock.rescale_([float(ratio), float(ratio)])
+        assert fast.tensor.dtype == stock.tensor.dtype
+        assert fast.tensor.stride() == stock.tensor.stride()
+        assert torch.equal(fast.tensor.view(ints), stock.tensor.view(ints))
+        # a new tensor, as stock's: the old one is left as it was
+        assert fast.tensor is not before
+        assert torch.equal(before.view(ints), kept.view(ints))

@@ -21,7 +21,7 @@ from numpy import random
 
 from fast_parallel.pipeline.copies import sample_is_plain
 from fast_parallel.pipeline.mixes import (MixWindow, colour_uint8, mix_halves,
-                                          pad_val_why)
+                                          pad_val_why, rescale)
 from fast_parallel.pipeline.mosaic import mosaic_of
 from fast_parallel.pipeline.stats import count
 
@@ -140,7 +140,7 @@ class FastCachedMixUp(CachedMixUp):
         origin = [window.origin_h, window.origin_w]
 
         retrieve_gt_bboxes = copy.deepcopy(entry['gt_bboxes'])
-        retrieve_gt_bboxes.rescale_([window.scale_ratio, window.scale_ratio])
+        rescale(retrieve_gt_bboxes, window.scale_ratio)
         if with_mask:  # rescale, flip and translate make new masks
             retrieve_gt_masks = entry['gt_masks'].rescale(window.scale_ratio)
         if self.bbox_clip_border:
