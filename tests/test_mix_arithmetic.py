@@ -151,3 +151,13 @@ def test_rescale_is_stocks_rescale_for_every_value(dtype):
         # a new tensor, as stock's: the old one is left as it was
         assert fast.tensor is not before
         assert torch.equal(before.view(ints), kept.view(ints))
+
+
+def test_moved_boxes_with_a_scale_torch_refuses_raise_torchs_error():
+    boxes = HorizontalBoxes(torch.ones(2, 4))
+    for scale in (None, '0.5'):
+        with pytest.raises((TypeError, ValueError)) as fast:
+            moved_boxes([(boxes, scale, 3, 4)] * 4)
+        with pytest.raises((TypeError, ValueError)) as stock:
+            _stock([(boxes, scale, 3, 4)] * 4)
+        assert type(fast.value) is type(stock.value)

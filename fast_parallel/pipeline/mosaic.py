@@ -199,17 +199,18 @@ def moved_boxes(moves: list) -> Any:
     kind = dict(dtype=tensors[0].dtype, device=tensors[0].device)
     pads = [[padw, padh, padw, padh] for _, _, padw, padh in moves]
     if kind['device'].type == 'cpu' and all(
-            type(v) is int and -_EXACT_INT <= v <= _EXACT_INT for row in pads
-            for v in row):
+            type(scale) is float for _, scale, *_ in moves) and all(
+                type(v) is int and -_EXACT_INT <= v <= _EXACT_INT
+                for row in pads for v in row):
         # the same operands, made by numpy (fewer of torch's calls, each
         # slow with its code out of the caches after the images' work):
-        # a float rounds to the dtype as torch.tensor rounds it, and
-        # these ints are exact in float32 and float64
+        # a Python float rounds to the dtype as torch.tensor rounds it,
+        # and these ints are exact in float32 and float64
         rows = [len(t) for t in tensors]
         dtype = np.float32 if kind['dtype'] == torch.float32 else np.float64
-        factors = torch.from_numpy(
-            np.repeat(
-                np.array([[scale] for _, scale, *_ in moves], dtype), rows, 0))
+        with np.errstate(over='ignore'):  # (inf, as torch's, silently)
+            factors = np.array([[scale] for _, scale, *_ in moves], dtype)
+        factors = torch.from_numpy(np.repeat(factors, rows, 0))
         shifts = torch.from_numpy(np.repeat(np.array(pads, dtype), rows, 0))
         return HorizontalBoxes(
             torch.cat(tensors, 0).mul_(factors).add_(shifts), clone=False)
