@@ -93,24 +93,29 @@ def test_mixup_hands_on_nothing_that_shares_its_scratch():
                for buf in buffers)
 
 
+def _patch(rng):
+    """A Mosaic patch: a 30 x 40 colour image with one box."""
+    import torch
+    from mmdet.structures.bbox import HorizontalBoxes
+    return dict(
+        img=rng.integers(0, 256, (30, 40, 3), dtype=np.uint8),
+        gt_bboxes=HorizontalBoxes(torch.tensor([[1., 1, 20, 20]])),
+        gt_bboxes_labels=np.array([1]),
+        gt_ignore_flags=np.array([False]))
+
+
 def test_the_mosaic_canvas_is_kept_only_for_the_affine_that_reads_it():
     """With the next RandomAffine known (the mixing wrapper sets
     ``_fp_then``), the canvas is this thread's kept array: it only reads it
     and makes a new image. Otherwise each sample gets a new canvas, as
     stock's (a transform of the user's may keep it)."""
-    import torch
     from mmdet.datasets.transforms import Mosaic, RandomAffine
-    from mmdet.structures.bbox import HorizontalBoxes
 
     from fast_parallel.pipeline.mosaic import FastMosaic, mosaic_of
     rng = np.random.default_rng(2)
 
     def patch():
-        return dict(
-            img=rng.integers(0, 256, (30, 40, 3), dtype=np.uint8),
-            gt_bboxes=HorizontalBoxes(torch.tensor([[1., 1, 20, 20]])),
-            gt_bboxes_labels=np.array([1]),
-            gt_ignore_flags=np.array([False]))
+        return _patch(rng)
 
     t = copy.deepcopy(Mosaic(img_scale=(40, 40)))
     t.__class__ = FastMosaic
@@ -126,19 +131,13 @@ def test_the_mosaic_canvas_is_kept_only_for_the_affine_that_reads_it():
 @pytest.mark.parametrize('pad_val', [(114, 114), 114.5, (1, 2, 3)])
 def test_the_kept_mosaic_canvas_is_filled_as_stocks_new_one(pad_val):
     """Stock's ``np.full``: its values, its broadcast and its error."""
-    import torch
     from mmdet.datasets.transforms import Mosaic, RandomAffine
-    from mmdet.structures.bbox import HorizontalBoxes
 
     from fast_parallel.pipeline.mosaic import FastMosaic
     rng = np.random.default_rng(5)
 
     def patch():
-        return dict(
-            img=rng.integers(0, 256, (30, 40, 3), dtype=np.uint8),
-            gt_bboxes=HorizontalBoxes(torch.tensor([[1., 1, 20, 20]])),
-            gt_bboxes_labels=np.array([1]),
-            gt_ignore_flags=np.array([False]))
+        return _patch(rng)
 
     stock = Mosaic(img_scale=(40, 40), pad_val=pad_val)
     fast = copy.deepcopy(stock)
