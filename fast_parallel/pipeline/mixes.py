@@ -8,6 +8,7 @@ the crop window of the padded canvas and mixes in integers. An input it
 cannot make exact (not a 3-channel ``uint8`` image, a ``pad_val`` outside
 0..255) goes to stock's ``transform``, counted. Why: ``docs/pipeline.md``.
 """
+import threading
 from typing import Any, Optional
 
 import cv2
@@ -20,12 +21,12 @@ from mmdet.structures.bbox import autocast_box_type
 from numpy import random
 
 from fast_parallel.pipeline.copies import CV_NATIVE, flipped_copy
-from fast_parallel.pipeline.scratch import padded_canvas, scratch
+from fast_parallel.pipeline.scratch import scratch
 from fast_parallel.pipeline.stats import count
 
 __all__ = [
     'FastMixUp', 'MixWindow', 'colour_uint8', 'fill', 'filled', 'fit_patch',
-    'mix_halves', 'pad_val_why', 'rescale', 'resize_keeps'
+    'mix_halves', 'pad_val_why', 'padded_canvas', 'rescale', 'resize_keeps'
 ]
 
 
@@ -175,6 +176,47 @@ def pad_val_why(pad_val) -> Optional[str]:
             not np.all((pad >= 0) & (pad <= 255)):
         return 'pad_val not in 0..255 (one value or three)'
     return None
+
+
+#: Per thread: ``(shape, dtype, pad), (h, w), memory`` of the last canvas
+#: :func:`padded_canvas` made (None while one is being made).
+_LAST_CANVAS = threading.local()
+
+
+def padded_canvas(shape: tuple, one: np.ndarray,
+                  image: np.ndarray) -> np.ndarray:
+    """Stock's ``np.ones(shape, one.dtype) * pad_val`` (``one``: the pad,
+    ``(1, 1, 3)``, already of the canvas's dtype) with ``image`` written at
+    its top left, in this thread's scratch memory.
+
+    The pad is written where the last canvas of the same shape, dtype and
+    pad, in the same memory, held its image, and wherever the memory's
+    state is unknown.
+
+    Args:
+        shape (tuple): ``(height, width, 3)``.
+        one (np.ndarray): The pad value(s), ``(1, 1, 3)`` or ``(1, 1, 1)``.
+        image (np.ndarray): At most ``shape``'s height and width.
+
+    Returns:
+        np.ndarray: The canvas (scratch: valid until this thread's next
+        call).
+    """
+    canvas = scratch('canvas', shape, one.dtype)
+    key = (tuple(shape), one.dtype.str, one.tobytes())
+    known = getattr(_LAST_CANVAS, 'made', None)
+    _LAST_CANVAS.made = None  # (unknown until this call is done)
+    h, w = image.shape[:2]
+    canvas[:h, :w] = image  # (stock's error for a larger image)
+    if known is not None and known[0] == key and known[2] is canvas.base:
+        last_h, last_w = known[1]  # the pad is everywhere else already
+        fill(canvas[h:last_h, :last_w], one)
+        fill(canvas[:min(h, last_h), w:last_w], one)
+    else:
+        fill(canvas[h:], one)
+        fill(canvas[:h, w:], one)
+    _LAST_CANVAS.made = (key, (h, w), canvas.base)
+    return canvas
 
 
 #: Elements of the largest jitter resize kept in scratch memory (float64:
