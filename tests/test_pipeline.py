@@ -226,7 +226,7 @@ def test_fast_mixup_without_jitter_reads_the_window_off_the_image(monkeypatch):
     """ratio_range (1.0, 1.0) (RTMDet's CachedMixUp): the crop is read off
     the image and the canvas's pad, for every pad kind, flip, canvas and
     target size (windows over the image, the pad, both, or past both)."""
-    from fast_parallel.pipeline.mixes import MixWindow
+    from fast_parallel.pipeline.mix_window import MixWindow
     taken = []
     original = MixWindow._window_of_image
 

@@ -9,7 +9,8 @@ import pytest
 from mmdet.datasets.transforms import MixUp
 
 from fast_parallel.pipeline import scratch as scratch_module
-from fast_parallel.pipeline.mixes import FastMixUp, padded_canvas
+from fast_parallel.pipeline.mix_window import padded_canvas
+from fast_parallel.pipeline.mixes import FastMixUp
 from fast_parallel.pipeline.scratch import scratch
 
 

@@ -7,7 +7,7 @@ place), then deep-copies the picked entries, and ``CachedMosaic``
 deep-copies each of them again for its patch. The picks are only read, but
 for their boxes, which are moved in place: the fast forms copy those
 alone. ``FastCachedMixUp`` builds only the crop window and mixes in
-integers (:class:`~fast_parallel.pipeline.mixes.MixWindow`);
+integers (:class:`~fast_parallel.pipeline.mix_window.MixWindow`);
 a sample or cache entry whose image is not 3-channel ``uint8`` makes it take
 stock's ``transform``, counted.
 """
@@ -20,7 +20,8 @@ from mmdet.structures.bbox import autocast_box_type
 from numpy import random
 
 from fast_parallel.pipeline.copies import sample_is_plain
-from fast_parallel.pipeline.mixes import (MixWindow, colour_uint8, mix_halves,
+from fast_parallel.pipeline.mix_window import MixWindow
+from fast_parallel.pipeline.mixes import (colour_uint8, mix_halves,
                                           pad_val_why, rescale)
 from fast_parallel.pipeline.mosaic import mosaic_of
 from fast_parallel.pipeline.stats import count

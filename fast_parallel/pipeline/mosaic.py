@@ -17,7 +17,8 @@ from numpy import random
 
 from fast_parallel.compat import mosaic_combine
 from fast_parallel.pipeline.copies import sample_is_plain
-from fast_parallel.pipeline.mixes import fill, filled, fit_patch, resize_keeps
+from fast_parallel.pipeline.mix_window import (fill, filled, fit_patch,
+                                               resize_keeps)
 from fast_parallel.pipeline.part_resize import needed_part, resized_part
 from fast_parallel.pipeline.scratch import owned_scratch
 from fast_parallel.pipeline.stats import count

@@ -4,9 +4,9 @@ canvas where only the next ``RandomAffine`` reads it (~5 MB).
 
 Stock allocates them anew for every sample. Kept, their pages stay mapped
 (and MixUp's canvas's pad need be written only where the last image lay:
-``mixes.padded_canvas``); what a transform hands on to the user is always a
-new array. Why and what it
-costs: ``docs/pipeline.md`` ("Scratch memory").
+``mix_window.padded_canvas``); what a transform hands on to the user is
+always a new array. Why and what it costs: ``docs/pipeline.md`` ("Scratch
+memory").
 """
 import threading
 
