@@ -95,6 +95,21 @@ def test_the_peek_puts_numpys_state_back_the_slow_way(monkeypatch, why):
     assert np.array_equal(before[1], after[1]) and before[2:] == after[2:]
 
 
+@pytest.mark.parametrize('scale', [1e-46, 1e-5])
+def test_no_box_where_the_warp_reads_from_nowhere_or_afar(scale):
+    """A singular matrix (a scale float32 rounds to 0), or one whose output
+    corners map past 10^6 canvas pixels (a warp that rounds its matrix to
+    float32 could stray past the margin there): no box, so every patch is
+    decoded; the draws are put back."""
+    affine = RandomAffine(scaling_ratio_range=(scale, scale))
+    state = np.random.get_state()
+    assert affine_reads(affine, (1280, 1280, 3)) is None
+    assert np.array_equal(state[1], np.random.get_state()[1])
+    # (at scale 0.01 the corners map within 10^6 pixels: a box)
+    wide = RandomAffine(scaling_ratio_range=(0.01, 0.01))
+    assert affine_reads(wide, (1280, 1280, 3)) is not None
+
+
 def test_no_box_where_the_output_is_empty():
     affine = RandomAffine(border=(-700, -700))
     state = np.random.get_state()

@@ -225,14 +225,17 @@ def affine_reads(affine: Any, canvas_shape: tuple) -> Optional[tuple]:
     finite = all(math.isfinite(v) for v in (a, b, c, d, e, f, det))
     if last != [0.0, 0.0, 1.0] or not finite or det == 0:
         return None
-    # each output corner's source point: the affine part inverted by hand
-    # (numpy's inv of a 3 x 3 costs ~0.2 ms with its code out of the
-    # caches; a rounding of ~1e-16 is far inside the margin)
+    # each output corner's source point: the affine part inverted by hand,
+    # with OpenCV's own determinant a * e - b * d (numpy's inv of a 3 x 3
+    # cost ~0.15 ms a sample with its code out of the caches); a rounding
+    # of ~1e-16 of the point is far inside the margin. Beyond 1e6 pixels a
+    # warp that rounded its matrix to float32 could stray past the margin:
+    # no box then (every patch is decoded)
     corners = ((0, 0), (width - 1, 0), (0, height - 1), (width - 1,
                                                          height - 1))
     xs = [(e * (x - c) - b * (y - f)) / det for x, y in corners]
     ys = [(a * (y - f) - d * (x - c)) / det for x, y in corners]
-    if not all(math.isfinite(v) and abs(v) <= 1e9 for v in xs + ys):
+    if not all(math.isfinite(v) and abs(v) <= 1e6 for v in xs + ys):
         return None
     return (math.floor(min(xs)) - _MARGIN, math.floor(min(ys)) - _MARGIN,
             math.floor(max(xs)) + _MARGIN + 1,
