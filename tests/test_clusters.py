@@ -8,6 +8,7 @@ numbers differ in the last bits). Each rank writes what it trained
 (``tests/record_hook.py``): its batches' sample ids, losses, gradient norms
 and a hash of its final parameters.
 """
+import contextlib
 import json
 import os
 import shutil
@@ -64,24 +65,61 @@ def launch_env(record_dir: Path, **variables: str) -> dict:
         **variables)
 
 
+def launch(args: list, env: dict) -> subprocess.Popen:
+    """``args`` started in a session of its own (so that :func:`finish` can
+    end all of it), output captured."""
+    return subprocess.Popen(
+        args,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True)
+
+
 def dist_train(config: Path, work_dir: Path, procs: int, env: dict, *extra:
                str) -> subprocess.Popen:
-    return subprocess.Popen([
+    return launch([
         'bash', 'tools/dist_train.sh',
         str(config),
         str(procs), '--work-dir',
         str(work_dir), *extra
-    ],
-                            cwd=ROOT,
-                            env=env,
-                            stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT,
-                            text=True)
+    ], env)
 
 
-def finish(proc: subprocess.Popen) -> str:
-    out, _ = proc.communicate(timeout=LAUNCH_TIMEOUT)
+def finish(proc: subprocess.Popen, timeout: float = LAUNCH_TIMEOUT) -> str:
+    """The launch's output once it ends; a launch still running after
+    ``timeout`` seconds is killed whole (its session: torchrun, the ranks,
+    their loader workers), so nothing of it outlives the test."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f'the launch hung for {timeout} s and was killed; '
+                    f'its output:\n{out[-3000:]}')
     return out
+
+
+def test_a_hung_launch_is_killed_whole(tmp_path):
+    """A launch past its time ends with every process it started (here a
+    shell and its two children), not only the shell."""
+    marker = str(tmp_path / 'hung')
+    sleeper = f'{sys.executable} -c "import time; time.sleep(600)" {marker}'
+    proc = launch(['bash', '-c', f'{sleeper} & {sleeper} & wait', marker],
+                  dict(os.environ))
+    deadline = time.monotonic() + 10
+    while len(_ours_running(marker)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(_ours_running(marker)) == 3  # the shell, both sleepers
+    with pytest.raises(pytest.fail.Exception, match='hung for 1 s'):
+        finish(proc, timeout=1)
+    deadline = time.monotonic() + 10
+    while _ours_running(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _ours_running(marker)
 
 
 def assert_same_training(a: list, b: list, iters: slice = slice(None)):
