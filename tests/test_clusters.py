@@ -376,18 +376,13 @@ def test_slurm_train_fast_and_stock_give_the_same_numbers(
             CPUS_PER_TASK='1',
             GRES='',
             MASTER_PORT=str(free_port()))
-        done = subprocess.run([
+        done = launch([
             'bash', 'tools/slurm_train.sh', slurm_cluster['partition'],
             f'fp_{name}',
             str(config),
             str(tmp_path / name), *extra
-        ],
-                              cwd=ROOT,
-                              env=env,
-                              capture_output=True,
-                              text=True,
-                              timeout=LAUNCH_TIMEOUT)
-        outs[name] = done.stdout + done.stderr
+        ], env)
+        outs[name] = finish(done)
         assert done.returncode == 0, outs[name][-3000:]
     fast, stock = records(tmp_path / 'fast_rec'), records(tmp_path /
                                                           'stock_rec')
