@@ -77,7 +77,9 @@ def test_only_boxes_whose_moves_cannot_fail_are_batched():
 def test_mix_halves_is_stocks_float32_mix_for_every_pair_and_layout(
         monkeypatch, opencv):
     from fast_parallel.pipeline import mixes
-    monkeypatch.setattr(mixes, '_FLOOR_MEAN', None if opencv else False)
+    from fast_parallel.pipeline.part_resize import opencv_setting
+    monkeypatch.setattr(mixes, '_FLOOR_MEAN',
+                        {} if opencv else {opencv_setting(): False})
     if opencv:  # (this OpenCV passes the check: its one pass is taken)
         assert mixes._weighted_is_floor_mean()
     values = np.arange(256, dtype=np.uint8)
@@ -95,6 +97,25 @@ def test_mix_halves_is_stocks_float32_mix_for_every_pair_and_layout(
         assert got.dtype == want.dtype and got.shape == want.shape
         assert got.strides == want.strides
         assert np.array_equal(got, want)
+
+
+def test_the_one_pass_mix_is_checked_for_each_opencv_setting(monkeypatch):
+    """A check's verdict holds for the OpenCV setting it ran under only: a
+    failed check under one setting leaves another to its own check."""
+    import cv2
+
+    from fast_parallel.pipeline import mixes
+    from fast_parallel.pipeline.part_resize import opencv_setting
+    monkeypatch.setattr(mixes, '_FLOOR_MEAN', {opencv_setting(): False})
+    assert not mixes._weighted_is_floor_mean()
+    optimized = cv2.useOptimized()
+    try:
+        cv2.setUseOptimized(not optimized)
+        assert mixes._weighted_is_floor_mean()  # (its own check: passes)
+        assert len(mixes._FLOOR_MEAN) == 2
+    finally:
+        cv2.setUseOptimized(optimized)
+    assert not mixes._weighted_is_floor_mean()
 
 
 def test_every_colour_has_a_hue_below_180_so_zero_gains_change_nothing():

@@ -7,7 +7,7 @@ the crop window of the padded canvas and mixes in integers. An input it
 cannot make exact (not a 3-channel ``uint8`` image, a ``pad_val`` outside
 0..255) goes to stock's ``transform``, counted. Why: ``docs/pipeline.md``.
 """
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import cv2
 import numpy as np
@@ -16,6 +16,7 @@ from mmdet.datasets.transforms import MixUp
 from mmdet.structures.bbox import autocast_box_type
 
 from fast_parallel.pipeline.mix_window import MixWindow
+from fast_parallel.pipeline.part_resize import opencv_setting
 from fast_parallel.pipeline.stats import count
 
 __all__ = ['FastMixUp', 'colour_uint8', 'mix_halves', 'pad_val_why', 'rescale']
@@ -143,15 +144,18 @@ def mix_halves(ori_img: np.ndarray, crop: np.ndarray) -> np.ndarray:
     return mixed
 
 
-_FLOOR_MEAN: Optional[bool] = None
+#: :func:`~fast_parallel.pipeline.part_resize.opencv_setting` -> whether
+#: ``addWeighted`` gave the floor mean under it.
+_FLOOR_MEAN: Dict[tuple, bool] = {}
 
 
 def _weighted_is_floor_mean() -> bool:
     """Whether this process's OpenCV ``addWeighted(a, 0.5, b, 0.5, -0.25)``
-    is ``(a + b) >> 1`` for every pair of ``uint8`` values (checked once,
-    on all 65,536)."""
-    global _FLOOR_MEAN
-    if _FLOOR_MEAN is None:
+    is ``(a + b) >> 1`` for every pair of ``uint8`` values, under this
+    thread's OpenCV setting (checked once per setting, on all 65,536)."""
+    setting = opencv_setting()
+    exact = _FLOOR_MEAN.get(setting)
+    if exact is None:
         values = np.arange(256, dtype=np.uint8)
         # every pair, in rows of an odd length (OpenCV's scalar tail too)
         a, b = (
@@ -159,5 +163,6 @@ def _weighted_is_floor_mean() -> bool:
             for v in np.meshgrid(np.append(values, values[-1:]), values))
         want = ((a.astype(np.uint16) + b) >> 1).astype(np.uint8)
         got = cv2.addWeighted(a, 0.5, b, 0.5, -0.25)
-        _FLOOR_MEAN = got.dtype == np.uint8 and np.array_equal(got, want)
-    return _FLOOR_MEAN
+        exact = _FLOOR_MEAN[setting] = got.dtype == np.uint8 and \
+            np.array_equal(got, want)
+    return exact

@@ -18,7 +18,9 @@ import cv2
 import mmcv.image.geometric as mmcv_geometric
 import numpy as np
 
-__all__ = ['cut_resize_is_exact', 'needed_part', 'resized_part']
+__all__ = [
+    'cut_resize_is_exact', 'needed_part', 'opencv_setting', 'resized_part'
+]
 
 #: Source pixels read past the last one the part's last output pixel
 #: starts from: bilinear reads the next one, and OpenCV rounds the source
@@ -109,13 +111,20 @@ def _cut_matches(rng: np.random.Generator, shape: tuple, size: tuple,
                                               whole[:rows, :cols])
 
 
+def opencv_setting() -> tuple:
+    """This thread's OpenCV settings that pick a call's code path: its
+    optimizations, IPP, and IPP where it rounds otherwise (a check of an
+    OpenCV rule holds for the setting it ran under)."""
+    return (cv2.useOptimized(), cv2.ipp.useIPP(), cv2.ipp.useIPP_NotExact())
+
+
 def cut_resize_is_exact() -> bool:
     """Whether this process's OpenCV, under this thread's settings
     (``cv2.useOptimized``, ``cv2.ipp.useIPP`` and ``useIPP_NotExact``:
     IPP works its scale out from the sizes), gives a cut's resize the
     whole's bytes (checked once per setting: upscales, downscales, exact
     2x both ways; cut in rows, columns or both)."""
-    mode = (cv2.useOptimized(), cv2.ipp.useIPP(), cv2.ipp.useIPP_NotExact())
+    mode = opencv_setting()
     exact = _EXACT.get(mode)
     if exact is None:
         _EXACT[mode] = False  # (while checking: whole resizes)
