@@ -182,3 +182,44 @@ def test_moved_boxes_with_a_scale_torch_refuses_raise_torchs_error():
         with pytest.raises((TypeError, ValueError)) as stock:
             _stock([(boxes, scale, 3, 4)] * 4)
         assert type(fast.value) is type(stock.value)
+
+
+def test_the_hsv_shift_is_looked_up_on_the_planes_it_moves():
+    """The fast HSV looks each channel's table up on its own plane, only
+    where it moves a value: stock's bytes and draws for every set of moving
+    channels (a gain drawn 0, or a hue gain that moves nothing below 180)."""
+    import cv2
+    from mmdet.datasets.transforms import YOLOXHSVRandomAug
+
+    from fast_parallel.pipeline.colour import (FastYOLOXHSVRandomAug, _shifted,
+                                               hsv_table, shift)
+    rng = np.random.default_rng(4)
+    image = rng.integers(0, 256, (512, 384, 3), dtype=np.uint8)
+    image[0, :256] = np.arange(256, dtype=np.uint8)[:, None]  # every value
+    seen = set()
+    for moving in range(8):
+        deltas = [170 if moving >> c & 1 else 0 for c in range(3)]
+        stock = YOLOXHSVRandomAug(*deltas)
+        fast = copy.deepcopy(stock)
+        fast.__class__ = FastYOLOXHSVRandomAug
+        for seed in range(40):
+            np.random.seed(seed)
+            gains = stock._get_hsv_gains()
+            channels = _shifted(hsv_table(gains))
+            seen.add(tuple(channels))
+            np.random.seed(seed)
+            want = stock.transform(dict(img=image.copy()))['img']
+            state = np.random.get_state()[1].copy()
+            np.random.seed(seed)
+            got = fast.transform(dict(img=image.copy()))['img']
+            assert np.array_equal(np.random.get_state()[1], state)
+            assert got.dtype == want.dtype and np.array_equal(got, want)
+    assert len(seen) == 8  # every set of channels, none to all three
+    # the lookup alone, on random tables: cv2.LUT's bytes
+    hsv = cv2.cvtColor(image, cv2.COLOR_BGR2HSV)
+    for _ in range(20):
+        table = rng.integers(0, 256, (256, 1, 3), dtype=np.uint8)
+        table[:, 0, rng.random(3) < 0.5] = np.arange(256)[:, None]
+        got = shift(hsv, table)
+        assert got.flags.c_contiguous and np.array_equal(
+            got, cv2.LUT(hsv, table))

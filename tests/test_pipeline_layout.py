@@ -270,3 +270,46 @@ def test_plain_data_is_told_apart():
     for other in others:
         assert not holds_only_plain(other), other
     assert holds_only_plain([{'k': torch.zeros(2)}], frozenset({torch.Tensor}))
+
+
+def test_a_plain_container_is_looked_through_once_a_sample(monkeypatch):
+    """A container of scalars (an info's instances) found plain in one of a
+    sample's walks is handed over as it is in the sample's later walks,
+    without being looked through again; a new one is looked through."""
+    import fast_parallel.pipeline.copies as copies
+    looked = []
+    real = copies._scalar_tree
+
+    def counting(value, depth):
+        looked.append(id(value))
+        return real(value, depth)
+
+    monkeypatch.setattr(copies, '_scalar_tree', counting)
+    instances = [
+        dict(
+            bbox=[1.0, 2.0, 5.0, 6.0],
+            bbox_label=3,
+            ignore_flag=0,
+            mask=[[1.0, 2.0, 5.0, 2.0, 5.0, 6.0]]) for _ in range(3)
+    ]
+    results = dict(
+        instances=instances,
+        img=np.zeros((4, 4, 3), np.uint8),
+        img_shape=(4, 4),
+        img_path='a.jpg')
+    plain: dict = {}
+    first = as_deepcopied(results, plain=plain)
+    assert first['instances'] is instances
+    assert first_difference(first, copy.deepcopy(results)) is None
+    assert id(instances) in looked
+    before = len(looked)
+    second = as_deepcopied(results, plain=plain)
+    assert second['instances'] is instances and len(looked) == before
+    assert first_difference(second, copy.deepcopy(results)) is None
+    results['instances'] = [dict(bbox=[0.0, 0.0, 1.0, 1.0])]  # a new one
+    third = as_deepcopied(results, plain=plain)
+    assert third['instances'] is results['instances']
+    assert id(results['instances']) in looked[before:]
+    before = len(looked)
+    as_deepcopied(results)  # (another sample: looked through again)
+    assert id(results['instances']) in looked[before:]

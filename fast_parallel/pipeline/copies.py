@@ -249,11 +249,17 @@ def _walk_new(value: Any, boxes: tuple, plain: Dict[int, Any],
             new, changed = [], False
             for v in items:
                 item = type(v)
-                if item in _SCALARS or (
-                    (item is tuple or item is list or item is dict)
-                        and _scalar_tree(v, 4)):
-                    new.append(v)  # (plain: handed over as it is, as
-                    continue  # walked; an info's instances, say)
+                if item in _SCALARS:
+                    new.append(v)
+                    continue
+                if item is tuple or item is list or item is dict:
+                    if id(v) in plain:
+                        new.append(v)
+                        continue
+                    if _scalar_tree(v, 4):
+                        plain[id(v)] = v  # (held: no id is reused)
+                        new.append(v)  # (plain: handed over as it is, as
+                        continue  # walked; an info's instances, say)
                 if item is np.ndarray and v.base is None and \
                         v.flags.c_contiguous and v.flags.writeable and \
                         not v.dtype.hasobject:
