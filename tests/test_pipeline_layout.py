@@ -313,3 +313,13 @@ def test_a_plain_container_is_looked_through_once_a_sample(monkeypatch):
     before = len(looked)
     as_deepcopied(results)  # (another sample: looked through again)
     assert id(results['instances']) in looked[before:]
+    # the memo holds what it remembers: no id of a dropped container is
+    # taken by a new one holding a view (which a deep copy copies)
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    for _ in range(100):
+        results['instances'] = [[1.0, 2.0], (3, 4)]
+        as_deepcopied(results, plain=plain)
+        results['instances'] = [base[:, ::2], 1.0]  # (the old one dropped)
+        handed = as_deepcopied(results, plain=plain)
+        assert first_difference(handed, copy.deepcopy(results)) is None
+        assert not np.shares_memory(handed['instances'][0], base)
