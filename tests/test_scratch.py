@@ -131,7 +131,8 @@ def test_the_mosaic_canvas_is_kept_only_for_the_affine_that_reads_it():
 
 @pytest.mark.parametrize('pad_val', [(114, 114), 114.5, (1, 2, 3)])
 def test_the_kept_mosaic_canvas_is_filled_as_stocks_new_one(pad_val):
-    """Stock's ``np.full``: its values, its broadcast and its error."""
+    """Stock's ``np.full``: its values where the affine reads (its warp
+    gives stock's bytes), its broadcast and its error."""
     from mmdet.datasets.transforms import Mosaic, RandomAffine
 
     from fast_parallel.pipeline.mosaic import FastMosaic
@@ -143,13 +144,14 @@ def test_the_kept_mosaic_canvas_is_filled_as_stocks_new_one(pad_val):
     stock = Mosaic(img_scale=(40, 40), pad_val=pad_val)
     fast = copy.deepcopy(stock)
     fast.__class__ = FastMosaic
-    fast._fp_then = RandomAffine()
+    affine = fast._fp_then = RandomAffine()
     for _ in range(3):
         results = patch()
         results['mix_results'] = [patch() for _ in range(3)]
         state = np.random.get_state()
         try:
-            want = stock.transform(copy.deepcopy(results))['img']
+            want = affine.transform(stock.transform(
+                copy.deepcopy(results)))['img']
         except ValueError as error:
             np.random.set_state(state)
             with pytest.raises(ValueError) as fast_error:
@@ -157,5 +159,5 @@ def test_the_kept_mosaic_canvas_is_filled_as_stocks_new_one(pad_val):
             assert str(fast_error.value) == str(error)
             continue
         np.random.set_state(state)
-        got = fast.transform(copy.deepcopy(results))['img']
+        got = affine.transform(fast.transform(copy.deepcopy(results)))['img']
         assert got.dtype == want.dtype and np.array_equal(got, want)

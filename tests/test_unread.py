@@ -332,3 +332,61 @@ def test_undecoded_patches_keep_stocks_samples_and_errors(tmp_path, case):
         assert s_out.startswith('KeyError'), s_out
     if case.startswith('centre'):  # stock raised, or read the patches
         assert 'raised' in outcomes or COUNTS['deferred decodes: never read']
+
+
+def test_the_mosaic_writes_its_canvas_only_where_the_affine_reads():
+    """Before a RandomAffine, the fast Mosaic fills and pastes only the box
+    the warp reads: with whatever its memory held elsewhere (garbage here),
+    the warped samples are stock's; without an affine the canvas is whole."""
+    from mmdet.datasets.transforms import Mosaic
+
+    from fast_parallel.pipeline.mosaic import FastMosaic
+    from fast_parallel.pipeline.scratch import owned_scratch
+    rng = np.random.default_rng(5)
+    stock = Mosaic(img_scale=(640, 640), pad_val=114.0)
+    fast = copy.deepcopy(stock)
+    fast.__class__ = FastMosaic
+    affine = RandomAffine(scaling_ratio_range=(0.1, 2), border=(-320, -320))
+
+    def sample(seed):
+        r = np.random.default_rng(seed)
+        h, w = int(r.integers(200, 700)), int(r.integers(200, 700))
+        n = int(r.integers(0, 5))
+        boxes = np.sort(r.uniform(0, 200, (n, 4)).astype(np.float32), 1)
+        return dict(
+            img=r.integers(0, 256, (h, w, 3), np.uint8),
+            gt_bboxes=HorizontalBoxes(torch.from_numpy(boxes)),
+            gt_bboxes_labels=np.zeros(n, np.int64),
+            gt_ignore_flags=np.zeros(n, bool))
+
+    def run(transform, seeds, then):
+        r = sample(seeds[0])
+        r['mix_results'] = [sample(s) for s in seeds[1:]]
+        transform._fp_then = then
+        r = transform.transform(r)
+        r.pop('mix_results')
+        return r
+
+    np.random.seed(0)
+    left_alone = 0
+    for k in range(40):
+        seeds = [int(s) for s in rng.integers(0, 1000, 4)]
+        canvas = owned_scratch('mosaic', (1280, 1280, 3), np.uint8)
+        canvas[...] = rng.integers(0, 256, canvas.shape, np.uint8)
+        garbage = canvas.copy()
+        (s_kind, s_out, s_states), (f_kind, f_out, f_states) = run_both(
+            lambda r: affine.transform(run(stock, seeds, None)),
+            lambda r: affine.transform(run(fast, seeds, affine)), None)
+        assert s_kind == f_kind == 'ok', (k, s_out, f_out)
+        assert first_difference(s_out, f_out) is None, k
+        assert same_states(s_states, f_states), k
+        left_alone += np.array_equal(canvas[0], garbage[0]) or \
+            np.array_equal(canvas[-1], garbage[-1])
+        set_states(s_states)
+        # without an affine after it, the whole canvas is stock's
+        state = np.random.get_state()
+        want = run(stock, seeds, None)
+        np.random.set_state(state)
+        got = run(fast, seeds, None)
+        assert np.array_equal(got['img'], want['img']), k
+    assert left_alone > 0  # (rows the warp never reads kept the garbage)

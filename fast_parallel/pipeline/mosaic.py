@@ -7,7 +7,7 @@ decoding only the patches the next ``RandomAffine`` reads
 (:mod:`~fast_parallel.pipeline.unread`). Why: ``docs/pipeline.md``.
 """
 import copy
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import numpy as np
 import torch
@@ -52,10 +52,14 @@ def mosaic_of(t: Mosaic,
     shape = (int(t.img_scale[1] * 2), int(t.img_scale[0] * 2))
     if len(results['img'].shape) == 3:
         shape += (3, )
-    if getattr(t, '_fp_then', None) is not None:
-        # (read by the next RandomAffine alone, then dropped)
+    # (read by the next RandomAffine alone, then dropped: a scalar pad,
+    # which cannot fail to fill, is written only where it reads, below)
+    owned = getattr(t, '_fp_then', None) is not None
+    later = owned and type(t.pad_val) in (int, float)
+    if owned:
         mosaic_img = owned_scratch('mosaic', shape, results['img'].dtype)
-        fill(mosaic_img, t.pad_val)
+        if not later:
+            fill(mosaic_img, t.pad_val)
     else:
         mosaic_img = filled(shape, t.pad_val, results['img'].dtype)
 
@@ -66,6 +70,12 @@ def mosaic_of(t: Mosaic,
     # a patch is still undecoded: one wholly outside it is never decoded
     patches = [results] + mix_results[:3]
     reads = mosaic_reads(t, shape, patches)
+    window = _read_window(reads, mosaic_img) if owned else None
+    if later:
+        fill(
+            mosaic_img if window is None else mosaic_img[window[1]:window[3],
+                                                         window[0]:window[2]],
+            t.pad_val)
     # boxes that cannot fail their moves are moved in one batch at the end;
     # any others patch by patch, where stock moves them (its error first)
     batch = batchable([p.get('gt_bboxes') for p in patches])
@@ -96,7 +106,22 @@ def mosaic_of(t: Mosaic,
                 x2_p, y2_p = x1_p + x2_c - x1_c, y1_p + y2_c - y1_c
             elif size != (w_i, h_i) or not resize_keeps(img_i):
                 img_i = fit_patch(t, patch, img_i, size)
-            mosaic_img[y1_p:y2_p, x1_p:x2_p] = img_i[y1_c:y2_c, x1_c:x2_c]
+            if window is not None and pastes_cleanly(paste_coord, crop_coord,
+                                                     size, mosaic_img, img_i):
+                # (only the part the affine reads; the rest is never read)
+                left = max(0, window[0] - x1_p)
+                top = max(0, window[1] - y1_p)
+                right = max(0, x2_p - window[2])
+                bottom = max(0, y2_p - window[3])
+                x1_p, x1_c, y1_p, y1_c = (x1_p + left, x1_c + left, y1_p + top,
+                                          y1_c + top)
+                x2_p, x2_c, y2_p, y2_c = (x2_p - right, x2_c - right,
+                                          y2_p - bottom, y2_c - bottom)
+                if x2_p > x1_p and y2_p > y1_p:
+                    mosaic_img[y1_p:y2_p, x1_p:x2_p] = img_i[y1_c:y2_c,
+                                                             x1_c:x2_c]
+            else:  # (stock's paste, and its error)
+                mosaic_img[y1_p:y2_p, x1_p:x2_p] = img_i[y1_c:y2_c, x1_c:x2_c]
 
         boxes_i = patch['gt_bboxes']  # (stock reads all three first)
         mosaic_bboxes_labels.append(patch['gt_bboxes_labels'])
@@ -137,6 +162,17 @@ def mosaic_of(t: Mosaic,
         mosaic_masks = mosaic_masks[0].cat(mosaic_masks)
         results['gt_masks'] = mosaic_masks[inside_inds]
     return results
+
+
+def _read_window(reads: Optional[tuple],
+                 canvas: np.ndarray) -> Optional[Tuple[int, int, int, int]]:
+    """``reads`` (:func:`~fast_parallel.pipeline.unread.affine_reads`)
+    cut to the canvas, as ints; None where unknown."""
+    if reads is None or not all(type(v) is int for v in reads):
+        return None
+    h, w = canvas.shape[:2]
+    x0, y0 = min(max(reads[0], 0), w), min(max(reads[1], 0), h)
+    return x0, y0, max(x0, min(reads[2], w)), max(y0, min(reads[3], h))
 
 
 def _part(t: Mosaic, reads: Optional[tuple], paste: tuple, crop: tuple,
