@@ -3,6 +3,7 @@ of calls, and nothing handed on that shares it."""
 import copy
 import random
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -129,10 +130,12 @@ def test_the_mosaic_canvas_is_kept_only_for_the_affine_that_reads_it():
     assert first is second and first.base is None
 
 
-@pytest.mark.parametrize('pad_val', [(114, 114), 114.5, (1, 2, 3)])
+@pytest.mark.parametrize('pad_val', [(114, 114), 114.5,
+                                     (1, 2, 3), 7, 2**70, np.nan])
 def test_the_kept_mosaic_canvas_is_filled_as_stocks_new_one(pad_val):
     """Stock's ``np.full``: its values where the affine reads (its warp
-    gives stock's bytes), its broadcast and its error."""
+    gives stock's bytes), its broadcast, its error and its warning (made an
+    error here) before the draws."""
     from mmdet.datasets.transforms import Mosaic, RandomAffine
 
     from fast_parallel.pipeline.mosaic import FastMosaic
@@ -149,15 +152,22 @@ def test_the_kept_mosaic_canvas_is_filled_as_stocks_new_one(pad_val):
         results = patch()
         results['mix_results'] = [patch() for _ in range(3)]
         state = np.random.get_state()
-        try:
-            want = affine.transform(stock.transform(
-                copy.deepcopy(results)))['img']
-        except ValueError as error:
+        with warnings.catch_warnings():
+            warnings.simplefilter('error')  # (NaN's cast warns)
+            try:
+                want = affine.transform(
+                    stock.transform(copy.deepcopy(results)))['img']
+            except (ValueError, OverflowError, RuntimeWarning) as error:
+                after = np.random.get_state()
+                np.random.set_state(state)
+                with pytest.raises(type(error)) as fast_error:
+                    fast.transform(copy.deepcopy(results))
+                assert str(fast_error.value) == str(error)
+                fast_after = np.random.get_state()  # (raised before draws)
+                assert after[2] == fast_after[2] and np.array_equal(
+                    after[1], fast_after[1])
+                continue
             np.random.set_state(state)
-            with pytest.raises(ValueError) as fast_error:
-                fast.transform(copy.deepcopy(results))
-            assert str(fast_error.value) == str(error)
-            continue
-        np.random.set_state(state)
-        got = affine.transform(fast.transform(copy.deepcopy(results)))['img']
+            got = affine.transform(fast.transform(
+                copy.deepcopy(results)))['img']
         assert got.dtype == want.dtype and np.array_equal(got, want)

@@ -334,27 +334,38 @@ def test_undecoded_patches_keep_stocks_samples_and_errors(tmp_path, case):
         assert 'raised' in outcomes or COUNTS['deferred decodes: never read']
 
 
-def test_the_mosaic_writes_its_canvas_only_where_the_affine_reads():
+@pytest.mark.parametrize('img_scale, pad_val, gray, affine', [
+    ((640, 640), 114.0, False, 0),
+    ((320, 192), 7, False, 1),
+    ((200, 260), (1, 2, 3), False, 2),
+    ((256, 256), 114.0, True, 2),
+])
+def test_the_mosaic_writes_its_canvas_only_where_the_affine_reads(
+        img_scale, pad_val, gray, affine):
     """Before a RandomAffine, the fast Mosaic fills and pastes only the box
     the warp reads: with whatever its memory held elsewhere (garbage here),
-    the warped samples are stock's; without an affine the canvas is whole."""
+    the warped samples are stock's; without an affine the canvas is whole.
+    Square and other scales, an int, a float and a three-value pad, colour
+    and gray patches (whose pastes stay whole), three affine settings."""
     from mmdet.datasets.transforms import Mosaic
 
     from fast_parallel.pipeline.mosaic import FastMosaic
     from fast_parallel.pipeline.scratch import owned_scratch
     rng = np.random.default_rng(5)
-    stock = Mosaic(img_scale=(640, 640), pad_val=114.0)
+    stock = Mosaic(img_scale=img_scale, pad_val=pad_val)
     fast = copy.deepcopy(stock)
     fast.__class__ = FastMosaic
-    affine = RandomAffine(scaling_ratio_range=(0.1, 2), border=(-320, -320))
+    affine = RandomAffine(**AFFINES[affine])
+    channels = () if gray else (3, )
+    shape = (img_scale[1] * 2, img_scale[0] * 2) + channels
 
     def sample(seed):
         r = np.random.default_rng(seed)
-        h, w = int(r.integers(200, 700)), int(r.integers(200, 700))
+        h, w = int(r.integers(40, 700)), int(r.integers(40, 700))
         n = int(r.integers(0, 5))
         boxes = np.sort(r.uniform(0, 200, (n, 4)).astype(np.float32), 1)
         return dict(
-            img=r.integers(0, 256, (h, w, 3), np.uint8),
+            img=r.integers(0, 256, (h, w) + channels, np.uint8),
             gt_bboxes=HorizontalBoxes(torch.from_numpy(boxes)),
             gt_bboxes_labels=np.zeros(n, np.int64),
             gt_ignore_flags=np.zeros(n, bool))
@@ -369,9 +380,9 @@ def test_the_mosaic_writes_its_canvas_only_where_the_affine_reads():
 
     np.random.seed(0)
     left_alone = 0
-    for k in range(40):
+    for k in range(20):
         seeds = [int(s) for s in rng.integers(0, 1000, 4)]
-        canvas = owned_scratch('mosaic', (1280, 1280, 3), np.uint8)
+        canvas = owned_scratch('mosaic', shape, np.uint8)
         canvas[...] = rng.integers(0, 256, canvas.shape, np.uint8)
         garbage = canvas.copy()
         (s_kind, s_out, s_states), (f_kind, f_out, f_states) = run_both(
@@ -389,4 +400,21 @@ def test_the_mosaic_writes_its_canvas_only_where_the_affine_reads():
         np.random.set_state(state)
         got = run(fast, seeds, None)
         assert np.array_equal(got['img'], want['img']), k
-    assert left_alone > 0  # (rows the warp never reads kept the garbage)
+    # rows the warp never reads kept the garbage (a three-value pad is
+    # filled whole, for np.full's broadcast and its error)
+    assert (left_alone > 0) == (type(pad_val) is not tuple)
+
+
+def test_a_mosaic_met_again_after_the_affine_makes_a_whole_canvas(sample_data):
+    """The wrapper tells the Mosaic its affine for that first call only:
+    the same Mosaic instance again later in the pipeline (its output no
+    longer read by the warp alone) makes stock's whole canvas."""
+    cfg = copy.deepcopy(
+        load_preset('yolox_s', sample_data).train_dataloader.dataset)
+    cfg.pipeline = [cfg.pipeline[0], cfg.pipeline[1], cfg.pipeline[0]]
+
+    def the_same_mosaic_twice(dataset):
+        dataset.pipeline[2] = dataset.pipeline[0]
+
+    compare_mix_datasets(cfg, 8, edit=the_same_mosaic_twice, warm=True)
+    assert COUNTS['deferred decodes: never read'] > 0

@@ -78,11 +78,13 @@ def compare_mix_datasets(cfg,
                          skip=None,
                          seed=0,
                          cache_inputs=None,
-                         warm=False):
+                         warm=False,
+                         edit=None):
     """Builds ``cfg``'s mixing dataset stock and fast, and asserts both give
     the same samples (or errors) and random states, sample by sample;
     returns the switch's outcome. ``warm``: every image loaded once by the
-    fast dataset first (loading draws nothing)."""
+    fast dataset first (loading draws nothing). ``edit``: called on each
+    dataset after the switch (a user's change to the built pipeline)."""
     from mmdet.registry import DATASETS
 
     from fast_parallel.pipeline import COUNTS, switch_pipeline
@@ -93,6 +95,8 @@ def compare_mix_datasets(cfg,
     assert type(fast) is FastMultiImageMixDataset
     for dataset in (stock, fast) if skip else ():
         dataset.update_skip_type_keys(skip)
+    for dataset in (stock, fast) if edit else ():
+        edit(dataset)
     for i in range(len(fast.dataset)) if warm else ():
         fast.dataset[i]
     np.random.seed(seed)

@@ -240,6 +240,11 @@ class FastMultiImageMixDataset(MultiImageMixDataset):
             if 'mix_results' in results:
                 results.pop('mix_results')
             _return_lent(results)
+            if transform is first and _is_fast_mosaic(first):
+                # (the affine is told for this call only: the same Mosaic
+                # again later in the pipeline feeds something else)
+                first._fp_then = None
+            first = None  # (the first call is made)
         count('samples')
         return results
 

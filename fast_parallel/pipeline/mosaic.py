@@ -52,13 +52,17 @@ def mosaic_of(t: Mosaic,
     shape = (int(t.img_scale[1] * 2), int(t.img_scale[0] * 2))
     if len(results['img'].shape) == 3:
         shape += (3, )
-    # (read by the next RandomAffine alone, then dropped: a scalar pad,
-    # which cannot fail to fill, is written only where it reads, below)
+    # (read by the next RandomAffine alone, then dropped: a one-number pad
+    # is cast here, as np.full casts it (its error, its warning), and
+    # written below only where the affine reads)
     owned = getattr(t, '_fp_then', None) is not None
-    later = owned and type(t.pad_val) in (int, float)
+    pad = None
     if owned:
         mosaic_img = owned_scratch('mosaic', shape, results['img'].dtype)
-        if not later:
+        if type(t.pad_val) in (int, float):
+            pad = np.empty((), mosaic_img.dtype)
+            np.copyto(pad, t.pad_val, casting='unsafe')
+        else:
             fill(mosaic_img, t.pad_val)
     else:
         mosaic_img = filled(shape, t.pad_val, results['img'].dtype)
@@ -71,11 +75,9 @@ def mosaic_of(t: Mosaic,
     patches = [results] + mix_results[:3]
     reads = mosaic_reads(t, shape, patches)
     window = _read_window(reads, mosaic_img) if owned else None
-    if later:
-        fill(
-            mosaic_img if window is None else mosaic_img[window[1]:window[3],
-                                                         window[0]:window[2]],
-            t.pad_val)
+    if pad is not None:  # (the dtype's own value: no cast, no warning)
+        x0, y0, x1, y1 = window or (0, 0, shape[1], shape[0])
+        mosaic_img[y0:y1, x0:x1] = pad
     # boxes that cannot fail their moves are moved in one batch at the end;
     # any others patch by patch, where stock moves them (its error first)
     batch = batchable([p.get('gt_bboxes') for p in patches])
