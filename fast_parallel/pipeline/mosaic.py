@@ -99,8 +99,9 @@ def mosaic_of(t: Mosaic,
             img_i = loaded(img_i, lend=True)  # (only read here)
             x1_p, y1_p, x2_p, y2_p = paste_coord
             x1_c, y1_c, x2_c, y2_c = crop_coord
-            part = _part(t, reads, paste_coord, crop_coord, size, mosaic_img,
-                         img_i)
+            clean = pastes_cleanly(paste_coord, crop_coord, size, mosaic_img,
+                                   img_i)
+            part = _part(t, reads, paste_coord, crop_coord, size, clean, img_i)
             if part is not None:  # the top-left part the affine reads
                 (cols, rows), img_i = part
                 x2_c = max(x1_c, min(x2_c, cols))
@@ -108,17 +109,11 @@ def mosaic_of(t: Mosaic,
                 x2_p, y2_p = x1_p + x2_c - x1_c, y1_p + y2_c - y1_c
             elif size != (w_i, h_i) or not resize_keeps(img_i):
                 img_i = fit_patch(t, patch, img_i, size)
-            if window is not None and pastes_cleanly(paste_coord, crop_coord,
-                                                     size, mosaic_img, img_i):
+            if window is not None and clean:
                 # (only the part the affine reads; the rest is never read)
-                left = max(0, window[0] - x1_p)
-                top = max(0, window[1] - y1_p)
-                right = max(0, x2_p - window[2])
-                bottom = max(0, y2_p - window[3])
-                x1_p, x1_c, y1_p, y1_c = (x1_p + left, x1_c + left, y1_p + top,
-                                          y1_c + top)
-                x2_p, x2_c, y2_p, y2_c = (x2_p - right, x2_c - right,
-                                          y2_p - bottom, y2_c - bottom)
+                (x1_p, y1_p, x2_p, y2_p), (x1_c, y1_c, x2_c, y2_c) = \
+                    _in_window(window, (x1_p, y1_p, x2_p, y2_p),
+                               (x1_c, y1_c, x2_c, y2_c))
                 if x2_p > x1_p and y2_p > y1_p:
                     mosaic_img[y1_p:y2_p, x1_p:x2_p] = img_i[y1_c:y2_c,
                                                              x1_c:x2_c]
@@ -177,17 +172,28 @@ def _read_window(reads: Optional[tuple],
     return x0, y0, max(x0, min(reads[2], w)), max(y0, min(reads[3], h))
 
 
+def _in_window(window: tuple, paste: tuple, crop: tuple) -> tuple:
+    """``(paste, crop)`` cut to their part inside ``window`` (x0, y0, x1,
+    y1; the paste's coordinates), each side by the same amount; an empty
+    paste where they do not meet."""
+    left, top = max(0, window[0] - paste[0]), max(0, window[1] - paste[1])
+    right, bottom = max(0, paste[2] - window[2]), max(0, paste[3] - window[3])
+    cut = (left, top, -right, -bottom)
+    return (tuple(v + d for v, d in zip(paste, cut)),
+            tuple(v + d for v, d in zip(crop, cut)))
+
+
 def _part(t: Mosaic, reads: Optional[tuple], paste: tuple, crop: tuple,
-          size: tuple, canvas: np.ndarray, img: np.ndarray) -> Optional[tuple]:
+          size: tuple, clean: bool, img: np.ndarray) -> Optional[tuple]:
     """``((cols, rows), image)``: the top-left part of the patch's resize
     the next affine reads, and an image holding it
     (:func:`~fast_parallel.pipeline.part_resize.resized_part`), where the
     run keeps no resizes, the resize is not a copy, and stock's paste
-    cannot raise (:func:`~fast_parallel.pipeline.unread.pastes_cleanly`);
-    None otherwise."""
+    cannot raise (``clean``:
+    :func:`~fast_parallel.pipeline.unread.pastes_cleanly`); None
+    otherwise."""
     if getattr(t, '_fp_fit', None) is not None or \
-            size == img.shape[1::-1] or \
-            not pastes_cleanly(paste, crop, size, canvas, img):
+            size == img.shape[1::-1] or not clean:
         return None
     part = needed_part(reads, paste, crop, size)
     resized = None if part is None else resized_part(img, size, part)
