@@ -19,6 +19,7 @@ from mmdet.datasets.transforms import CachedMixUp, CachedMosaic
 from mmdet.structures.bbox import autocast_box_type
 from numpy import random
 
+from fast_parallel.pipeline.box_steps import mixed_boxes
 from fast_parallel.pipeline.copies import sample_is_plain
 from fast_parallel.pipeline.mix_window import MixWindow
 from fast_parallel.pipeline.mixes import (colour_uint8, mix_halves,
@@ -140,19 +141,29 @@ class FastCachedMixUp(CachedMixUp):
         window = MixWindow(self, entry['img'], (target_h, target_w))
         origin = [window.origin_h, window.origin_w]
 
-        retrieve_gt_bboxes = copy.deepcopy(entry['gt_bboxes'])
-        rescale(retrieve_gt_bboxes, window.scale_ratio)
+        # (in numpy where that gives stock's bits: box_steps; its copy of
+        # the entry's boxes is local, so it is left out)
+        found = mixed_boxes(
+            results.get('gt_bboxes'), entry['gt_bboxes'], window.scale_ratio,
+            origin, window.is_flip, (window.x_offset, window.y_offset),
+            (target_h, target_w), self.bbox_clip_border)
+        if found is None:
+            retrieve_gt_bboxes = copy.deepcopy(entry['gt_bboxes'])
+            rescale(retrieve_gt_bboxes, window.scale_ratio)
         if with_mask:  # rescale, flip and translate make new masks
             retrieve_gt_masks = entry['gt_masks'].rescale(window.scale_ratio)
-        if self.bbox_clip_border:
+        if self.bbox_clip_border and found is None:
             retrieve_gt_bboxes.clip_(origin)
         if window.is_flip:
-            retrieve_gt_bboxes.flip_(origin, direction='horizontal')
+            if found is None:
+                retrieve_gt_bboxes.flip_(origin, direction='horizontal')
             if with_mask:
                 retrieve_gt_masks = retrieve_gt_masks.flip()
 
-        cp_retrieve_gt_bboxes = retrieve_gt_bboxes.clone()
-        cp_retrieve_gt_bboxes.translate_([-window.x_offset, -window.y_offset])
+        if found is None:
+            cp_retrieve_gt_bboxes = retrieve_gt_bboxes.clone()
+            cp_retrieve_gt_bboxes.translate_(
+                [-window.x_offset, -window.y_offset])
         if with_mask:
             retrieve_gt_masks = retrieve_gt_masks.translate(
                 out_shape=(target_h, target_w),
@@ -162,24 +173,32 @@ class FastCachedMixUp(CachedMixUp):
                 out_shape=(target_h, target_w),
                 offset=-window.y_offset,
                 direction='vertical')
-        if self.bbox_clip_border:
+        if self.bbox_clip_border and found is None:
             cp_retrieve_gt_bboxes.clip_([target_h, target_w])
 
         mixup_img = mix_halves(ori_img, window.crop)
-        mixup_gt_bboxes = cp_retrieve_gt_bboxes.cat(
-            (results['gt_bboxes'], cp_retrieve_gt_bboxes), dim=0)
+        retrieve_gt_bboxes_labels = entry['gt_bboxes_labels']
+        retrieve_gt_ignore_flags = entry['gt_ignore_flags']
+        if found is None:
+            mixup_gt_bboxes = cp_retrieve_gt_bboxes.cat(
+                (results['gt_bboxes'], cp_retrieve_gt_bboxes), dim=0)
         mixup_gt_bboxes_labels = np.concatenate(
-            (results['gt_bboxes_labels'], entry['gt_bboxes_labels']), axis=0)
+            (results['gt_bboxes_labels'], retrieve_gt_bboxes_labels), axis=0)
         mixup_gt_ignore_flags = np.concatenate(
-            (results['gt_ignore_flags'], entry['gt_ignore_flags']), axis=0)
+            (results['gt_ignore_flags'], retrieve_gt_ignore_flags), axis=0)
         if with_mask:
             mixup_gt_masks = retrieve_gt_masks.cat(
                 [results['gt_masks'], retrieve_gt_masks])
 
-        inside_inds = mixup_gt_bboxes.is_inside([target_h, target_w]).numpy()
+        if found is None:
+            inside_inds = mixup_gt_bboxes.is_inside([target_h,
+                                                     target_w]).numpy()
+            kept = mixup_gt_bboxes[inside_inds]
+        else:
+            _, kept, inside_inds = found
         results['img'] = mixup_img
         results['img_shape'] = mixup_img.shape[:2]
-        results['gt_bboxes'] = mixup_gt_bboxes[inside_inds]
+        results['gt_bboxes'] = kept
         results['gt_bboxes_labels'] = mixup_gt_bboxes_labels[inside_inds]
         results['gt_ignore_flags'] = mixup_gt_ignore_flags[inside_inds]
         if with_mask:

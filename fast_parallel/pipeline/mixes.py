@@ -15,6 +15,7 @@ import torch
 from mmdet.datasets.transforms import MixUp
 from mmdet.structures.bbox import autocast_box_type
 
+from fast_parallel.pipeline.box_steps import as_tensor_like, mixed_boxes
 from fast_parallel.pipeline.mix_window import MixWindow
 from fast_parallel.pipeline.part_resize import opencv_setting
 from fast_parallel.pipeline.stats import count
@@ -64,6 +65,48 @@ class FastMixUp(MixUp):
                            retrieve_results)
 
         retrieve_gt_bboxes = retrieve_results['gt_bboxes']
+        # (in numpy where that gives stock's bits: box_steps)
+        found = mixed_boxes(
+            results.get('gt_bboxes'), retrieve_gt_bboxes, window.scale_ratio,
+            (window.origin_h, window.origin_w), window.is_flip,
+            (window.x_offset, window.y_offset), ori_img.shape[:2],
+            self.bbox_clip_border)
+        if found is not None:  # (the mix result left as stock leaves it)
+            moved, kept, inside_inds = found
+            retrieve_gt_bboxes.tensor = as_tensor_like(
+                moved, retrieve_gt_bboxes.tensor)
+        else:
+            cp_retrieve_gt_bboxes = self._stock_moves(retrieve_gt_bboxes,
+                                                      window,
+                                                      ori_img.shape[:2])
+
+        mixup_img = mix_halves(ori_img, window.crop)
+        retrieve_gt_bboxes_labels = retrieve_results['gt_bboxes_labels']
+        retrieve_gt_ignore_flags = retrieve_results['gt_ignore_flags']
+        if found is None:
+            mixup_gt_bboxes = cp_retrieve_gt_bboxes.cat(
+                (results['gt_bboxes'], cp_retrieve_gt_bboxes), dim=0)
+        mixup_gt_bboxes_labels = np.concatenate(
+            (results['gt_bboxes_labels'], retrieve_gt_bboxes_labels), axis=0)
+        mixup_gt_ignore_flags = np.concatenate(
+            (results['gt_ignore_flags'], retrieve_gt_ignore_flags), axis=0)
+
+        if found is None:
+            inside_inds = mixup_gt_bboxes.is_inside(list(
+                ori_img.shape[:2])).numpy()
+            kept = mixup_gt_bboxes[inside_inds]
+        results['img'] = mixup_img
+        results['img_shape'] = mixup_img.shape[:2]
+        results['gt_bboxes'] = kept
+        results['gt_bboxes_labels'] = mixup_gt_bboxes_labels[inside_inds]
+        results['gt_ignore_flags'] = mixup_gt_ignore_flags[inside_inds]
+        return results
+
+    def _stock_moves(self, retrieve_gt_bboxes: Any, window: MixWindow,
+                     target: tuple) -> Any:
+        """Stock's steps of the mix image's boxes, with torch: the copy
+        moved into the crop; ``retrieve_gt_bboxes`` left as stock leaves
+        them."""
         rescale(retrieve_gt_bboxes, window.scale_ratio)
         if self.bbox_clip_border:
             retrieve_gt_bboxes.clip_([window.origin_h, window.origin_w])
@@ -74,26 +117,8 @@ class FastMixUp(MixUp):
         cp_retrieve_gt_bboxes = retrieve_gt_bboxes.clone()
         cp_retrieve_gt_bboxes.translate_([-window.x_offset, -window.y_offset])
         if self.bbox_clip_border:
-            cp_retrieve_gt_bboxes.clip_(list(ori_img.shape[:2]))
-
-        mixup_img = mix_halves(ori_img, window.crop)
-        retrieve_gt_bboxes_labels = retrieve_results['gt_bboxes_labels']
-        retrieve_gt_ignore_flags = retrieve_results['gt_ignore_flags']
-        mixup_gt_bboxes = cp_retrieve_gt_bboxes.cat(
-            (results['gt_bboxes'], cp_retrieve_gt_bboxes), dim=0)
-        mixup_gt_bboxes_labels = np.concatenate(
-            (results['gt_bboxes_labels'], retrieve_gt_bboxes_labels), axis=0)
-        mixup_gt_ignore_flags = np.concatenate(
-            (results['gt_ignore_flags'], retrieve_gt_ignore_flags), axis=0)
-
-        inside_inds = mixup_gt_bboxes.is_inside(list(
-            ori_img.shape[:2])).numpy()
-        results['img'] = mixup_img
-        results['img_shape'] = mixup_img.shape[:2]
-        results['gt_bboxes'] = mixup_gt_bboxes[inside_inds]
-        results['gt_bboxes_labels'] = mixup_gt_bboxes_labels[inside_inds]
-        results['gt_ignore_flags'] = mixup_gt_ignore_flags[inside_inds]
-        return results
+            cp_retrieve_gt_bboxes.clip_(list(target))
+        return cp_retrieve_gt_bboxes
 
 
 def rescale(boxes: Any, ratio: float) -> None:

@@ -16,6 +16,7 @@ from mmdet.structures.bbox import autocast_box_type
 from numpy import random
 
 from fast_parallel.compat import mosaic_combine
+from fast_parallel.pipeline.box_steps import mosaic_boxes
 from fast_parallel.pipeline.copies import sample_is_plain
 from fast_parallel.pipeline.mix_window import (fill, filled, fit_patch,
                                                resize_keeps)
@@ -137,16 +138,23 @@ def mosaic_of(t: Mosaic,
                 out_shape=out_shape, offset=padh, direction='vertical')
             mosaic_masks.append(gt_masks_i)
 
-    mosaic_bboxes = moved_boxes(mosaic_bboxes) if batch else \
-        mosaic_bboxes[0].cat(mosaic_bboxes, 0)
+    canvas = (2 * t.img_scale[1], 2 * t.img_scale[0])
+    # (in numpy where that gives stock's bits: box_steps)
+    picked = mosaic_boxes(mosaic_bboxes, canvas, t.bbox_clip_border) \
+        if batch else None
+    if picked is None:
+        mosaic_bboxes = moved_boxes(mosaic_bboxes) if batch else \
+            mosaic_bboxes[0].cat(mosaic_bboxes, 0)
     mosaic_bboxes_labels = np.concatenate(mosaic_bboxes_labels, 0)
     mosaic_ignore_flags = np.concatenate(mosaic_ignore_flags, 0)
 
-    if t.bbox_clip_border:
-        mosaic_bboxes.clip_([2 * t.img_scale[1], 2 * t.img_scale[0]])
-    inside_inds = mosaic_bboxes.is_inside(
-        [2 * t.img_scale[1], 2 * t.img_scale[0]]).numpy()
-    mosaic_bboxes = mosaic_bboxes[inside_inds]
+    if picked is not None:
+        mosaic_bboxes, inside_inds = picked
+    else:
+        if t.bbox_clip_border:
+            mosaic_bboxes.clip_(list(canvas))
+        inside_inds = mosaic_bboxes.is_inside(list(canvas)).numpy()
+        mosaic_bboxes = mosaic_bboxes[inside_inds]
     mosaic_bboxes_labels = mosaic_bboxes_labels[inside_inds]
     mosaic_ignore_flags = mosaic_ignore_flags[inside_inds]
 
