@@ -84,7 +84,7 @@ def test_a_spawned_worker_finds_the_fast_class(sample_data):
     line = str(switch_pipeline(dataset))
     assert line.startswith(
         'pipeline: KittiDataset, ObjectSample, GlobalRotScaleTrans, '
-        'PointsRangeFilter, ObjectRangeFilter fast')
+        'PointsRangeFilter, ObjectRangeFilter, PointShuffle fast')
     assert type(_inner(dataset)).__name__ == 'FastKittiDataset'
     code = ('import pickle, sys; d = pickle.load(sys.stdin.buffer); '
             'print(type(d.dataset).__module__, type(d.dataset).__name__)')
@@ -109,7 +109,7 @@ def test_a_users_dataset_subclass_stays_stock(sample_data):
     assert type(_inner(dataset)) is MyKitti
     assert line.startswith(
         'pipeline: ObjectSample, GlobalRotScaleTrans, PointsRangeFilter, '
-        'ObjectRangeFilter fast'), line
+        'ObjectRangeFilter, PointShuffle fast'), line
 
 
 def test_an_info_holding_other_objects_is_copied_as_stock(

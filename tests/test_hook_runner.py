@@ -256,9 +256,9 @@ def test_one_line_says_the_fast_path_is_on(kind, workers, fused, runs):
     else:
         assert pipeline.startswith(
             'KittiDataset, ObjectSample, GlobalRotScaleTrans, '
-            'PointsRangeFilter, ObjectRangeFilter fast; inputs cached in '
-            'shared memory (up to 0.0 GB; ') and pipeline.endswith(
-                ' available): gt-database files'), pipeline
+            'PointsRangeFilter, ObjectRangeFilter, PointShuffle fast; '
+            'inputs cached in shared memory (up to 0.0 GB; '
+        ) and pipeline.endswith(' available): gt-database files'), pipeline
     assert summary.endswith({
         'yolox':
         'MultiImageMixDataset, Mosaic, MixUp, YOLOXHSVRandomAug, Pad, '

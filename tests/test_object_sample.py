@@ -94,10 +94,11 @@ def test_3d_pipelines_give_stock_samples_and_draws(sample_data, preset):
     assert report['switch'].startswith({
         'pointpillars':
         'pipeline: KittiDataset, ObjectSample, GlobalRotScaleTrans, '
-        'PointsRangeFilter, ObjectRangeFilter fast',
+        'PointsRangeFilter, ObjectRangeFilter, PointShuffle fast',
         'centerpoint_pillar':
         'pipeline: NuScenesDataset, LoadPointsFromMultiSweeps, ObjectSample, '
-        'GlobalRotScaleTrans, PointsRangeFilter, ObjectRangeFilter fast'
+        'GlobalRotScaleTrans, PointsRangeFilter, ObjectRangeFilter, '
+        'PointShuffle fast'
     }[preset]), report['switch']
     assert not any(k.startswith('stock: ') for k in report['counts'])
 
@@ -116,16 +117,18 @@ def test_a_users_object_sample_subclass_stays_stock(sample_data):
     transforms[2].__class__ = MyObjectSample
     line = str(switch_pipeline(dataset))
     assert type(transforms[2]) is MyObjectSample
-    assert line.startswith('pipeline: KittiDataset, GlobalRotScaleTrans, '
-                           'PointsRangeFilter, ObjectRangeFilter fast;')
+    assert line.startswith(
+        'pipeline: KittiDataset, GlobalRotScaleTrans, '
+        'PointsRangeFilter, ObjectRangeFilter, PointShuffle fast;')
     transforms[2].__class__ = ObjectSample
     assert str(switch_pipeline(dataset)).startswith(
         'pipeline: KittiDataset, ObjectSample, GlobalRotScaleTrans, '
-        'PointsRangeFilter, ObjectRangeFilter fast')
+        'PointsRangeFilter, ObjectRangeFilter, PointShuffle fast')
     assert type(transforms[2]) is FastObjectSample
     assert str(switch_pipeline(dataset)).startswith(
         'pipeline: KittiDataset, ObjectSample, GlobalRotScaleTrans, '
-        'PointsRangeFilter, ObjectRangeFilter fast')  # twice: one swap
+        'PointsRangeFilter, ObjectRangeFilter, PointShuffle fast'
+    )  # twice: one swap
 
 
 def test_a_2d_switch_does_not_import_mmdet3d(sample_data):

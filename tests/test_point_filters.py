@@ -1,16 +1,18 @@
-"""mmdet3d's ``PointsRangeFilter`` in its fast form gives stock's points,
-masks and layouts: drawn clouds (row- and column-major, NaN, points on the
-range's faces, none kept, none at all), instance and semantic masks, the
-points classes, and stock's way for what it does not cover."""
+"""mmdet3d's ``PointsRangeFilter`` and ``PointShuffle`` in their fast forms
+give stock's points, masks, layouts and draws: drawn clouds (row- and
+column-major, NaN, points on the range's faces, none kept, none at all),
+instance and semantic masks, the points classes, and stock's way for what
+they do not cover."""
 import numpy as np
 import pytest
 import torch
-from mmdet3d.datasets.transforms import PointsRangeFilter
+from mmdet3d.datasets.transforms import PointShuffle, PointsRangeFilter
 from mmdet3d.structures.points import CameraPoints, DepthPoints, LiDARPoints
 from transform_utils import assert_same_run
 
 from fast_parallel.pipeline import COUNTS
-from fast_parallel.pipeline.point_filters import (FastPointsRangeFilter,
+from fast_parallel.pipeline.point_filters import (FastPointShuffle,
+                                                  FastPointsRangeFilter,
                                                   in_range_mask)
 
 RANGE = [0, -39.68, -3, 69.12, 39.68, 1]
@@ -116,3 +118,56 @@ def test_what_it_does_not_cover_goes_stocks_way():
                   'matrix'] == 1
     # stock's error for a missing key, alike
     assert_same_run(stock, fast, dict())
+
+
+def _shuffles():
+    stock = PointShuffle()
+    fast = PointShuffle()
+    fast.__class__ = FastPointShuffle
+    return stock, fast
+
+
+@pytest.mark.parametrize('case', range(30))
+def test_shuffle_gives_stocks_points_masks_and_draws(case):
+    """Stock's ``randperm`` draw (torch's state after it compared) and
+    rows, for clouds of every size, layout, dtype and points class."""
+    rng = np.random.default_rng(case)
+    n = [0, 1, 7, 300, 5000][case % 5]
+    dims = [3, 4, 5][case % 3]
+    cloud = torch.from_numpy(_cloud(rng, n, dims + 2, case % 2 == 1))
+    cloud = cloud[:, :dims] if case % 4 == 3 else cloud[:, 2:]
+    if case % 6 == 5:
+        cloud = cloud.double()
+    cls = [LiDARPoints, DepthPoints, CameraPoints][case % 3]
+    results = dict(points=cls(cloud, points_dim=dims))
+    results['points'].tensor = cloud  # (the layout kept as it is)
+    if case % 2:
+        results['pts_instance_mask'] = rng.integers(0, 9, n)
+        results['pts_semantic_mask'] = rng.integers(0, 5, n).astype(np.uint8)
+    torch.manual_seed(case)
+    stock, fast = _shuffles()
+    COUNTS.clear()
+    _, out = assert_same_run(stock, fast, results)
+    assert not COUNTS
+    assert out['points'].tensor.stride() == ((dims, 1) if n > 1 else
+                                             out['points'].tensor.stride())
+
+
+def test_shuffle_of_what_it_does_not_cover_goes_stocks_way():
+
+    class MyPoints(LiDARPoints):
+        pass
+
+    rng = np.random.default_rng(2)
+    cloud = torch.from_numpy(_cloud(rng, 50, 4, False))
+    grad = LiDARPoints(cloud.clone(), 4)
+    grad.tensor.requires_grad_()
+    for points in (MyPoints(cloud.clone(), 4), grad):
+        stock, fast = _shuffles()
+        COUNTS.clear()
+        _, out = assert_same_run(stock, fast, dict(points=points))
+        assert COUNTS == {
+            'stock: PointShuffle: points not a plain CPU matrix': 1
+        }
+    stock, fast = _shuffles()  # stock's error for a missing key, alike
+    assert assert_same_run(stock, fast, dict())[0] == 'raised'

@@ -50,6 +50,7 @@ LAZY_SWAPS: Dict[str, str] = {
     'fast_parallel.pipeline.sweeps:FastLoadPointsFromMultiSweeps',
     'PointsRangeFilter':
     'fast_parallel.pipeline.point_filters:FastPointsRangeFilter',
+    'PointShuffle': 'fast_parallel.pipeline.point_filters:FastPointShuffle',
     'GlobalRotScaleTrans':
     'fast_parallel.pipeline.rigid3d:FastGlobalRotScaleTrans',
     'ObjectRangeFilter':
