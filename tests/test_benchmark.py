@@ -206,4 +206,6 @@ def test_pipeline_mode_checks_every_sample_and_writes_the_issue_fields(
     assert r['counts']['cache: hits'] > 0
     printed = capsys.readouterr().out
     assert 'yolox_tiny_sample: stock ' in printed
-    assert '9/9 samples and random states equal' in printed
+    assert '9/9 samples and random states equal (after 2 warm-up ' \
+        'samples)' in printed
+    assert r['warmup'] == 2  # (untimed, compared too: first_difference)

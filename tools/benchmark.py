@@ -12,6 +12,7 @@ Usage:
         [--ops-configs my_config.py mmdet::retinanet/...py]
     python tools/benchmark.py --pipeline [--presets yolox_s ...]
         [--pipeline-configs CONFIG ...] [--pipeline-samples 200]
+        [--pipeline-warmup N]
         [--data data/bench] [--json docs/benchmark_pipeline.json]
     python tools/benchmark.py --train [--train-preset yolox_s]
         [--arms stock stock+pin_memory fast] [--train-iters 50]
@@ -132,6 +133,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         '--presets is given)')
     parser.add_argument('--pipeline-samples', type=int, default=200)
     parser.add_argument(
+        '--pipeline-warmup',
+        type=int,
+        default=None,
+        help='--pipeline: untimed samples per arm first, to the steady '
+        'state a long-running worker is in (default: min(samples, 150))')
+    parser.add_argument(
         '--train',
         action='store_true',
         help='time full training iterations, arm by arm')
@@ -175,6 +182,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.presets = []
     if args.quick and '--pipeline-samples' not in explicit:
         args.pipeline_samples = 6
+    if args.quick and '--pipeline-warmup' not in explicit:
+        args.pipeline_warmup = 2
     if args.data is None:
         args.data = osp.join(ROOT, 'data', 'sample' if args.quick else 'bench')
     return args

@@ -143,7 +143,8 @@ def pipeline_section(args: argparse.Namespace, data: str) -> dict:
 
     Args:
         args (argparse.Namespace): The command line (``presets``,
-            ``pipeline_configs``, ``pipeline_samples``, ``configs_root``,
+            ``pipeline_configs``, ``pipeline_samples``,
+            ``pipeline_warmup``, ``configs_root``,
             ``cfg_options``).
         data (str): The data folder.
 
@@ -161,7 +162,10 @@ def pipeline_section(args: argparse.Namespace, data: str) -> dict:
     for name, cfg in configs:
         if args.cfg_options:
             cfg.merge_from_dict(args.cfg_options)
-        out[name] = compare_pipelines(cfg, args.pipeline_samples)
+        out[name] = compare_pipelines(
+            cfg,
+            args.pipeline_samples,
+            warmup=getattr(args, 'pipeline_warmup', None))
     return out
 
 
@@ -172,8 +176,9 @@ def _spread(values) -> str:
 def format_pipeline(results: dict) -> str:
     """One line per preset: CPU per sample, ratios, spread, bytes check."""
     lines = [
-        'worker CPU per sample (this thread\'s CPU time, arms alternating; '
-        'spread: min / median / max over rounds)'
+        'worker CPU per sample (this thread\'s CPU time, arms alternating, '
+        'after untimed warm-up samples; spread: min / median / max over '
+        'rounds)'
     ]
     for name, r in results.items():
         differs = r['first_difference']
@@ -182,7 +187,8 @@ def format_pipeline(results: dict) -> str:
             f'{r["fast_ms"]:.1f} ms ({r["ratio"]:.2f}; '
             f'{_spread(r["spread"])}), cached {r["fast_cached_ms"]:.1f} ms '
             f'({r["cached_ratio"]:.2f}; {_spread(r["cached_spread"])}); '
-            f'{r["equal"]}/{r["samples"]} samples and random states equal' +
+            f'{r["equal"]}/{r["samples"]} samples and random states equal '
+            f'(after {r.get("warmup", 0)} warm-up samples)' +
             (f' (first difference: {differs})' if differs else ''))
         lines.append(f'    {r["switch_cached"]}')
     return '\n'.join(lines)

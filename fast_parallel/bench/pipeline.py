@@ -6,8 +6,11 @@ Both arms build the config's train dataset; the fast one gets
 the arms in this one process, under the threads a DataLoader worker has
 (torch 1, OpenCV 0), each arm starting from the same random states; each
 output and the random states after it must be equal. Times are this
-thread's CPU time, per transform and in all; rounds of samples give the
-spread of the ratio.
+thread's CPU time, per transform and in all, after warm-up samples that
+bring each arm to its steady state (stock's arrays of up to 25 MB
+page-fault for its first ~100 samples in a process, while the allocator
+settles: a worker runs thousands); rounds of samples give the spread of
+the ratio.
 """
 import copy
 import random
@@ -145,7 +148,8 @@ def _time_transforms(dataset: Any, spent: Dict[str, float]) -> None:
 def compare_pipelines(cfg: Any,
                       samples: int = 200,
                       seed: int = 0,
-                      rounds: int = 10) -> dict:
+                      rounds: int = 10,
+                      warmup: Optional[int] = None) -> dict:
     """Stock and fast train pipelines of ``cfg``, sample by sample.
 
     Each arm runs as a DataLoader worker does, on one torch and no OpenCV
@@ -157,6 +161,9 @@ def compare_pipelines(cfg: Any,
         seed (int): Seed of the first sample's random states. Defaults to 0.
         rounds (int): Rounds the samples are split into for the spread.
             Defaults to 10.
+        warmup (int, optional): Samples each arm makes first, untimed (from
+            ``seed + 1``; every arm's outputs compared alike). Defaults to
+            ``min(samples, 150)``.
 
     Returns:
         dict: ``stock_ms``, ``fast_ms``, ``fast_cached_ms`` (CPU per
@@ -165,7 +172,8 @@ def compare_pipelines(cfg: Any,
         ``cached_spread`` (min, median, max of the rounds' ratios),
         ``samples``, ``equal`` (samples whose outputs and random states
         matched stock's in both fast arms), ``first_difference``,
-        ``switch`` and ``switch_cached`` (the start line's words),
+        ``warmup``, ``switch`` and ``switch_cached`` (the start line's
+        words),
         ``by_transform`` (ms per sample by transform, per arm) and
         ``counts`` (:data:`fast_parallel.pipeline.COUNTS`).
     """
@@ -173,13 +181,39 @@ def compare_pipelines(cfg: Any,
     torch.set_num_threads(1)
     cv2.setNumThreads(0)
     try:
-        return _compare(cfg, samples, seed, rounds)
+        return _compare(cfg, samples, seed, rounds,
+                        min(samples, 150) if warmup is None else warmup)
     finally:
         torch.set_num_threads(threads)
         cv2.setNumThreads(cv_threads)
 
 
-def _compare(cfg: Any, samples: int, seed: int, rounds: int) -> dict:
+def _one_sample(arms: dict, i: int, total: Dict[str,
+                                                List[float]]) -> Optional[str]:
+    """Sample ``i`` from every arm (in a rotating order, each from the same
+    random states), its CPU time appended to ``total``; the states left as
+    stock's leave them. Returns the first difference from stock's, or
+    None."""
+    start_states = _states()
+    order = ARMS[i % 3:] + ARMS[:i % 3]
+    out = {}
+    for name in order:
+        _set_states(start_states)
+        start = time.thread_time()
+        sample = arms[name][i % len(arms[name])]
+        total[name].append(time.thread_time() - start)
+        out[name] = (sample, _states())
+    found = None
+    for name in ARMS[1:]:
+        found = found or first_difference(out['stock'][0], out[name][0])
+        if found is None and not _same_states(out['stock'][1], out[name][1]):
+            found = f'random states after the sample ({name})'
+    _set_states(out['stock'][1])
+    return found
+
+
+def _compare(cfg: Any, samples: int, seed: int, rounds: int,
+             warmup: int) -> dict:
     """:func:`compare_pipelines` on the threads it set."""
     from mmengine.registry import DATASETS, init_default_scope
 
@@ -205,30 +239,21 @@ def _compare(cfg: Any, samples: int, seed: int, rounds: int) -> dict:
         start_states = _states()
         dataset[0]
         _set_states(start_states)
+    _seed(seed + 1)
+    for i in range(warmup):  # (untimed: each arm to its steady state)
+        found = _one_sample(arms, i, {name: [] for name in ARMS})
+        if found is not None and difference is None:
+            difference = f'warm-up sample {i}: {found}'
+    _seed(seed)
     for spent_arm in spent.values():
         spent_arm.clear()
     COUNTS.clear()
     for i in range(samples):
-        start_states = _states()
-        order = ARMS[i % 3:] + ARMS[:i % 3]
-        out = {}
-        for name in order:
-            _set_states(start_states)
-            start = time.thread_time()
-            sample = arms[name][i % len(arms[name])]
-            total[name].append(time.thread_time() - start)
-            out[name] = (sample, _states())
-        found = None
-        for name in ARMS[1:]:
-            found = found or first_difference(out['stock'][0], out[name][0])
-            if found is None and not _same_states(out['stock'][1],
-                                                  out[name][1]):
-                found = f'random states after the sample ({name})'
+        found = _one_sample(arms, i, total)
         if found is None:
             equal += 1
         elif difference is None:
             difference = f'sample {i}: {found}'
-        _set_states(out['stock'][1])
     size = max(1, samples // rounds)
 
     def spread(name: str) -> List[float]:
@@ -248,6 +273,7 @@ def _compare(cfg: Any, samples: int, seed: int, rounds: int) -> dict:
         spread=spread('fast'),
         cached_spread=spread('fast_cached'),
         samples=samples,
+        warmup=warmup,
         equal=equal,
         first_difference=difference,
         switch=switch,
