@@ -6,6 +6,7 @@ import json
 import os.path as osp
 
 import cv2
+import numpy as np
 import pytest
 import torch
 from conftest import ROOT, load_tool
@@ -209,3 +210,22 @@ def test_pipeline_mode_checks_every_sample_and_writes_the_issue_fields(
     assert '9/9 samples and random states equal (after 2 warm-up ' \
         'samples)' in printed
     assert r['warmup'] == 2  # (untimed, compared too: first_difference)
+
+
+def test_a_one_time_event_leaves_its_sample_out_of_every_arm():
+    """A numba compile in one arm's sample (~0.2 s where samples take ~3
+    ms) is not per-sample work: that sample leaves every arm's times, the
+    arms stay paired; samples of ordinary spread all stay."""
+    from fast_parallel.bench.pipeline import _one_time
+    rng = np.random.default_rng(0)
+    total = {
+        arm: list(rng.uniform(0.8, 1.2, 100) * scale)
+        for arm, scale in (('stock', 3e-3), ('fast', 2e-3),
+                           ('fast_cached', 2e-3))
+    }
+    assert _one_time(total) == set()
+    total['stock'][41] = 0.24
+    total['fast_cached'][7] = 0.05
+    assert _one_time(total) == {7, 41}
+    total['fast'][3] = 0.039  # (19.5 times its median: kept)
+    assert _one_time(total) == {7, 41}

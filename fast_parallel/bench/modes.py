@@ -188,7 +188,9 @@ def format_pipeline(results: dict) -> str:
             f'{_spread(r["spread"])}), cached {r["fast_cached_ms"]:.1f} ms '
             f'({r["cached_ratio"]:.2f}; {_spread(r["cached_spread"])}); '
             f'{r["equal"]}/{r["samples"]} samples and random states equal '
-            f'(after {r.get("warmup", 0)} warm-up samples)' +
+            f'(after {r.get("warmup", 0)} warm-up samples' +
+            (f'; {len(r["one_time"])} with a one-time event left out of '
+             'the times' if r.get('one_time') else '') + ')' +
             (f' (first difference: {differs})' if differs else ''))
         lines.append(f'    {r["switch_cached"]}')
     return '\n'.join(lines)

@@ -9,8 +9,10 @@ output and the random states after it must be equal. Times are this
 thread's CPU time, per transform and in all, after warm-up samples that
 bring each arm to its steady state (stock's arrays of up to 25 MB
 page-fault for its first ~100 samples in a process, while the allocator
-settles: a worker runs thousands); rounds of samples give the spread of
-the ratio.
+settles: a worker runs thousands); a sample with a one-time event in any
+arm (over 20 times that arm's median: a numba compile) is left out of
+every arm's times, and named. Rounds of samples give the spread of the
+ratio.
 """
 import copy
 import random
@@ -172,8 +174,9 @@ def compare_pipelines(cfg: Any,
         ``cached_spread`` (min, median, max of the rounds' ratios),
         ``samples``, ``equal`` (samples whose outputs and random states
         matched stock's in both fast arms), ``first_difference``,
-        ``warmup``, ``switch`` and ``switch_cached`` (the start line's
-        words),
+        ``warmup``, ``one_time`` (the samples left out of the times:
+        :func:`_one_time`), ``switch`` and ``switch_cached`` (the start
+        line's words),
         ``by_transform`` (ms per sample by transform, per arm) and
         ``counts`` (:data:`fast_parallel.pipeline.COUNTS`).
     """
@@ -248,44 +251,79 @@ def _compare(cfg: Any, samples: int, seed: int, rounds: int,
     for spent_arm in spent.values():
         spent_arm.clear()
     COUNTS.clear()
+    steps = []  # (each sample's CPU time by transform, per arm)
     for i in range(samples):
+        before = {name: dict(arm) for name, arm in spent.items()}
         found = _one_sample(arms, i, total)
+        steps.append({
+            name: {
+                k: v - before[name].get(k, 0.0)
+                for k, v in arm.items()
+            }
+            for name, arm in spent.items()
+        })
         if found is None:
             equal += 1
         elif difference is None:
             difference = f'sample {i}: {found}'
-    size = max(1, samples // rounds)
+    once = _one_time(total)
+    kept = [i for i in range(samples) if i not in once]
+    for name in ARMS:
+        total[name] = [total[name][i] for i in kept]
+        for i in once:
+            for k, v in steps[i][name].items():
+                spent[name][k] -= v
+    size = max(1, len(kept) // rounds)
 
     def spread(name: str) -> List[float]:
         ratios = [
             sum(total[name][k:k + size]) / sum(total['stock'][k:k + size])
-            for k in range(0, samples, size)
+            for k in range(0, len(kept), size)
         ]
         return [min(ratios), statistics.median(ratios), max(ratios)]
 
     stock_s = sum(total['stock'])
     return dict(
-        stock_ms=stock_s / samples * 1e3,
-        fast_ms=sum(total['fast']) / samples * 1e3,
-        fast_cached_ms=sum(total['fast_cached']) / samples * 1e3,
+        stock_ms=stock_s / len(kept) * 1e3,
+        fast_ms=sum(total['fast']) / len(kept) * 1e3,
+        fast_cached_ms=sum(total['fast_cached']) / len(kept) * 1e3,
         ratio=sum(total['fast']) / stock_s,
         cached_ratio=sum(total['fast_cached']) / stock_s,
         spread=spread('fast'),
         cached_spread=spread('fast_cached'),
         samples=samples,
         warmup=warmup,
+        one_time=sorted(once),
         equal=equal,
         first_difference=difference,
         switch=switch,
         switch_cached=cached,
         by_transform={
             arm: {
-                k: v / samples * 1e3
+                k: v / len(kept) * 1e3
                 for k, v in spent[arm].items()
             }
             for arm in spent
         },
         counts=dict(COUNTS))
+
+
+#: A sample whose CPU time in some arm is over this many times that arm's
+#: median holds a one-time event (a numba compile for a new signature, a
+#: first call), not per-sample work.
+ONE_TIME = 20
+
+
+def _one_time(total: Dict[str, List[float]]) -> set:
+    """Sample indices left out of every arm's times: those where any arm
+    took over :data:`ONE_TIME` times its own median (stock's ObjectSample
+    compiles a numba kernel for a new signature once, ~0.2 s, where its
+    samples take ~3 ms)."""
+    once = set()
+    for times in total.values():
+        limit = ONE_TIME * statistics.median(times) if times else 0.0
+        once.update(i for i, t in enumerate(times) if t > limit)
+    return once if len(once) < len(next(iter(total.values()))) else set()
 
 
 def _warm_cache(dataset: Any) -> None:
