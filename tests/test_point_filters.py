@@ -167,7 +167,37 @@ def test_shuffle_of_what_it_does_not_cover_goes_stocks_way():
         COUNTS.clear()
         _, out = assert_same_run(stock, fast, dict(points=points))
         assert COUNTS == {
-            'stock: PointShuffle: points not a plain CPU matrix': 1
+            'stock: PointShuffle: another points class or shuffle, '
+            'or not a CPU matrix':
+            1
         }
     stock, fast = _shuffles()  # stock's error for a missing key, alike
     assert assert_same_run(stock, fast, dict())[0] == 'raised'
+
+
+def test_a_users_shuffle_is_called_as_on_stock(monkeypatch):
+    """A ``shuffle`` replaced on mmdet3d's class, or on one points object,
+    is what stock calls: the fast form takes stock's ``transform``."""
+    from mmdet3d.structures.points import BasePoints
+
+    def reversed_order(self):
+        idx = torch.arange(len(self) - 1, -1, -1)
+        self.tensor = self.tensor[idx]
+        return idx
+
+    cloud = torch.arange(12.0).view(3, 4)
+    own = LiDARPoints(cloud.clone(), 4)
+    own.shuffle = reversed_order.__get__(own)
+    for points in (own, None):
+        if points is None:
+            monkeypatch.setattr(BasePoints, 'shuffle', reversed_order)
+            points = LiDARPoints(cloud.clone(), 4)
+        stock, fast = _shuffles()
+        COUNTS.clear()
+        _, out = assert_same_run(stock, fast, dict(points=points))
+        assert torch.equal(out['points'].tensor, cloud.flip(0))
+        assert COUNTS == {
+            'stock: PointShuffle: another points class or shuffle, '
+            'or not a CPU matrix':
+            1
+        }

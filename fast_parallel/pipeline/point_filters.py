@@ -103,6 +103,14 @@ class FastPointsRangeFilter(PointsRangeFilter):
         return input_dict
 
 
+#: mmdet3d's own ``BasePoints.shuffle`` (a user's replacement of it, on
+#: the class or on a points object, takes stock's ``transform``).
+_STOCK_SHUFFLE = BasePoints.shuffle if (
+    BasePoints.shuffle.__module__, BasePoints.shuffle.__qualname__) == (
+        'mmdet3d.structures.points.base_points',
+        'BasePoints.shuffle') else None
+
+
 class FastPointShuffle(PointShuffle):
     """``PointShuffle`` whose gather of the shuffled rows is an
     ``index_select``."""
@@ -120,11 +128,13 @@ class FastPointShuffle(PointShuffle):
         points = input_dict['points']
         tensor = getattr(points, 'tensor', None)
         if type(points) not in POINT_CLASSES or \
-                type(points).shuffle is not BasePoints.shuffle or \
+                type(points).shuffle is not _STOCK_SHUFFLE or \
+                'shuffle' in vars(points) or \
                 type(tensor) is not torch.Tensor or tensor.dim() != 2 or \
                 tensor.layout is not torch.strided or \
                 tensor.device.type != 'cpu' or tensor.requires_grad:
-            count('stock: PointShuffle: points not a plain CPU matrix')
+            count('stock: PointShuffle: another points class or shuffle, '
+                  'or not a CPU matrix')
             return super().transform(input_dict)
         # BasePoints.shuffle: the draw, then tensor[idx] (a new row-major
         # tensor of those rows, from any layout: index_select's)
