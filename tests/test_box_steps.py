@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from mmdet.structures.bbox import HorizontalBoxes
+from test_mix_arithmetic import _stock as _stock_moves
 
 from fast_parallel.pipeline import box_steps
 from fast_parallel.pipeline.box_steps import (box_array, clean, mixed_boxes,
@@ -41,13 +42,7 @@ def _values(rng, n, dtype, case):
 
 
 def _stock_mosaic(moves, shape, clip_border):
-    moved = []
-    for boxes, scale, padw, padh in moves:
-        boxes = copy.deepcopy(boxes)
-        boxes.rescale_([scale, scale])
-        boxes.translate_([padw, padh])
-        moved.append(boxes)
-    joined = moved[0].cat(moved, 0)
+    joined = _stock_moves(moves)
     if clip_border:
         joined.clip_(list(shape))
     keep = joined.is_inside(list(shape)).numpy()

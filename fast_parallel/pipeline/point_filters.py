@@ -67,6 +67,18 @@ def _why_stock(points: Any, point_range: Any) -> str:
     return ''
 
 
+def _masks_taken(input_dict: dict, index: np.ndarray) -> dict:
+    """Stock's last step of both transforms: ``pts_instance_mask`` and
+    ``pts_semantic_mask``, where present, indexed as the points were."""
+    pts_instance_mask = input_dict.get('pts_instance_mask', None)
+    pts_semantic_mask = input_dict.get('pts_semantic_mask', None)
+    if pts_instance_mask is not None:
+        input_dict['pts_instance_mask'] = pts_instance_mask[index]
+    if pts_semantic_mask is not None:
+        input_dict['pts_semantic_mask'] = pts_semantic_mask[index]
+    return input_dict
+
+
 class FastPointsRangeFilter(PointsRangeFilter):
     """``PointsRangeFilter`` with the mask made in one pass."""
 
@@ -94,13 +106,7 @@ class FastPointsRangeFilter(PointsRangeFilter):
             kept,
             points_dim=kept.shape[1],
             attribute_dims=points.attribute_dims)
-        pts_instance_mask = input_dict.get('pts_instance_mask', None)
-        pts_semantic_mask = input_dict.get('pts_semantic_mask', None)
-        if pts_instance_mask is not None:
-            input_dict['pts_instance_mask'] = pts_instance_mask[points_mask]
-        if pts_semantic_mask is not None:
-            input_dict['pts_semantic_mask'] = pts_semantic_mask[points_mask]
-        return input_dict
+        return _masks_taken(input_dict, points_mask)
 
 
 #: mmdet3d's own ``BasePoints.shuffle`` (a user's replacement of it, on
@@ -140,11 +146,4 @@ class FastPointShuffle(PointShuffle):
         # tensor of those rows, from any layout: index_select's)
         idx = torch.randperm(len(points), device=tensor.device)
         points.tensor = torch.index_select(tensor, 0, idx)
-        idx = idx.numpy()
-        pts_instance_mask = input_dict.get('pts_instance_mask', None)
-        pts_semantic_mask = input_dict.get('pts_semantic_mask', None)
-        if pts_instance_mask is not None:
-            input_dict['pts_instance_mask'] = pts_instance_mask[idx]
-        if pts_semantic_mask is not None:
-            input_dict['pts_semantic_mask'] = pts_semantic_mask[idx]
-        return input_dict
+        return _masks_taken(input_dict, idx.numpy())
