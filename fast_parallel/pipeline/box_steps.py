@@ -19,7 +19,7 @@ import torch
 
 __all__ = [
     'as_boxes', 'as_tensor_like', 'box_array', 'clean', 'clip', 'exact_ints',
-    'inside', 'mixed_boxes', 'mosaic_boxes'
+    'inside', 'mixed_boxes', 'mosaic_boxes', 'move_operands'
 ]
 
 #: Ints float32 holds exactly.
@@ -85,22 +85,53 @@ def as_boxes(a: np.ndarray) -> Any:
     """``HorizontalBoxes`` of a copy of ``a`` in memory torch made, as
     stock's steps leave it (a new C-ordered tensor)."""
     from mmdet.structures.bbox import HorizontalBoxes
-    tensor = torch.empty(a.shape, dtype=_TORCH[a.dtype], device='cpu')
-    if a.size:
-        tensor.copy_(torch.from_numpy(a))  # (one that never lent numpy
-        # its memory: torch can resize it, as stock's)
-    return HorizontalBoxes(tensor, clone=False)
+    return HorizontalBoxes(
+        _copied_into(
+            torch.empty(a.shape, dtype=_TORCH[a.dtype], device='cpu'), a),
+        clone=False)
 
 
 def as_tensor_like(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     """A tensor of ``a``'s values laid out as torch lays out the result of
     an elementwise step on ``like`` (``empty_like``: its strides where they
     are dense, else C order), in torch's memory."""
-    tensor = torch.empty_like(like)
+    return _copied_into(torch.empty_like(like), a)
+
+
+def _copied_into(tensor: torch.Tensor, a: np.ndarray) -> torch.Tensor:
+    """``tensor`` holding ``a``'s values, copied by torch: a tensor that
+    never lent numpy its memory, so torch can resize it, as stock's."""
     if a.size:
-        tensor.copy_(torch.from_numpy(a))  # (one that never lent numpy
-        # its memory: torch can resize it, as stock's)
+        tensor.copy_(torch.from_numpy(a))
     return tensor
+
+
+def move_operands(moves: list, rows: Sequence[int],
+                  dtype: Any) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """The Mosaic's per-row operands, made by numpy in ``dtype``: each
+    patch's scale ratio and ``(padw, padh, padw, padh)``, one row per box
+    (``rows`` per patch). A Python float rounds to the dtype as
+    ``torch.tensor`` rounds it (to inf silently, as torch's), and the ints
+    are exact; None where a scale is not a Python float or a shift not
+    :func:`exact_ints`.
+
+    Args:
+        moves (list[tuple]): (boxes, scale ratio, padw, padh) per patch.
+        rows (Sequence[int]): Boxes per patch.
+        dtype: The boxes' numpy dtype.
+
+    Returns:
+        tuple | None: (factors ``(n, 1)``, shifts ``(n, 4)``), or None.
+    """
+    scales = [scale for _, scale, _, _ in moves]
+    shifts = [[padw, padh, padw, padh] for _, _, padw, padh in moves]
+    if not all(type(s) is float for s in scales) or \
+            not exact_ints(*(v for row in shifts for v in row)):
+        return None
+    with np.errstate(over='ignore'):
+        factors = np.array([[s] for s in scales], dtype)
+    return (np.repeat(factors, rows,
+                      0), np.repeat(np.array(shifts, dtype), rows, 0))
 
 
 def mixed_boxes(
@@ -177,15 +208,10 @@ def mosaic_boxes(moves: list, shape: Sequence[int],
             len({a.dtype for a in arrays}) != 1 or \
             not exact_ints(*shape) or min(shape) < 0:
         return None
-    scales = [scale for _, scale, _, _ in moves]
-    shifts = [[padw, padh, padw, padh] for _, _, padw, padh in moves]
-    if not all(type(s) is float and abs(s) < 1e38 for s in scales) or \
-            not exact_ints(*(v for row in shifts for v in row)):
+    operands = move_operands(moves, [len(a) for a in arrays], arrays[0].dtype)
+    if operands is None or not all(abs(s) < 1e38 for _, s, *_ in moves):
         return None
-    dtype = arrays[0].dtype
-    rows = [len(a) for a in arrays]
-    factors = np.repeat(np.array([[s] for s in scales], dtype), rows, 0)
-    pads = np.repeat(np.array(shifts, dtype), rows, 0)
+    factors, pads = operands
     with np.errstate(all='ignore'):  # (torch's steps warn of nothing)
         moved = np.concatenate(arrays) * factors + pads
         if clip_border:

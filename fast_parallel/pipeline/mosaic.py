@@ -16,7 +16,7 @@ from mmdet.structures.bbox import autocast_box_type
 from numpy import random
 
 from fast_parallel.compat import mosaic_combine
-from fast_parallel.pipeline.box_steps import mosaic_boxes
+from fast_parallel.pipeline.box_steps import mosaic_boxes, move_operands
 from fast_parallel.pipeline.copies import sample_is_plain
 from fast_parallel.pipeline.mix_window import (fill, filled, fit_patch,
                                                resize_keeps)
@@ -225,10 +225,6 @@ def batchable(boxes: list) -> bool:
         and b.tensor.dim() == 2 and not b.tensor.requires_grad for b in boxes)
 
 
-#: Ints float32 holds exactly.
-_EXACT_INT = 1 << 24
-
-
 def _moved_one(boxes: Any, scale: float, padw: Any, padh: Any) -> Any:
     """Stock's steps for one patch's boxes: deep copy, rescale, translate.
     """
@@ -251,20 +247,14 @@ def moved_boxes(moves: list) -> Any:
     tensors = [boxes.tensor for boxes, *_ in moves]
     kind = dict(dtype=tensors[0].dtype, device=tensors[0].device)
     pads = [[padw, padh, padw, padh] for _, _, padw, padh in moves]
-    if kind['device'].type == 'cpu' and all(
-            type(scale) is float for _, scale, *_ in moves) and all(
-                type(v) is int and -_EXACT_INT <= v <= _EXACT_INT
-                for row in pads for v in row):
-        # the same operands, made by numpy (fewer of torch's calls, each
-        # slow with its code out of the caches after the images' work):
-        # a Python float rounds to the dtype as torch.tensor rounds it,
-        # and these ints are exact in float32 and float64
-        rows = [len(t) for t in tensors]
+    operands = None
+    if kind['device'].type == 'cpu':
         dtype = np.float32 if kind['dtype'] == torch.float32 else np.float64
-        with np.errstate(over='ignore'):  # (inf, as torch's, silently)
-            factors = np.array([[scale] for _, scale, *_ in moves], dtype)
-        factors = torch.from_numpy(np.repeat(factors, rows, 0))
-        shifts = torch.from_numpy(np.repeat(np.array(pads, dtype), rows, 0))
+        operands = move_operands(moves, [len(t) for t in tensors], dtype)
+    if operands is not None:
+        # the same operands, made by numpy (fewer of torch's calls, each
+        # slow with its code out of the caches after the images' work)
+        factors, shifts = (torch.from_numpy(o) for o in operands)
         return HorizontalBoxes(
             torch.cat(tensors, 0).mul_(factors).add_(shifts), clone=False)
     rows = torch.tensor([len(t) for t in tensors], device=kind['device'])
