@@ -163,9 +163,7 @@ def pipeline_section(args: argparse.Namespace, data: str) -> dict:
         if args.cfg_options:
             cfg.merge_from_dict(args.cfg_options)
         out[name] = compare_pipelines(
-            cfg,
-            args.pipeline_samples,
-            warmup=getattr(args, 'pipeline_warmup', None))
+            cfg, args.pipeline_samples, warmup=args.pipeline_warmup)
     return out
 
 

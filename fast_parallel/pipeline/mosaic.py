@@ -246,7 +246,6 @@ def moved_boxes(moves: list) -> Any:
     from mmdet.structures.bbox import HorizontalBoxes
     tensors = [boxes.tensor for boxes, *_ in moves]
     kind = dict(dtype=tensors[0].dtype, device=tensors[0].device)
-    pads = [[padw, padh, padw, padh] for _, _, padw, padh in moves]
     operands = None
     if kind['device'].type == 'cpu':
         dtype = np.float32 if kind['dtype'] == torch.float32 else np.float64
@@ -257,6 +256,7 @@ def moved_boxes(moves: list) -> Any:
         factors, shifts = (torch.from_numpy(o) for o in operands)
         return HorizontalBoxes(
             torch.cat(tensors, 0).mul_(factors).add_(shifts), clone=False)
+    pads = [[padw, padh, padw, padh] for _, _, padw, padh in moves]
     rows = torch.tensor([len(t) for t in tensors], device=kind['device'])
     factors = torch.tensor([[scale] for _, scale, *_ in moves], **kind)
     out = torch.cat(tensors, 0).mul_(factors.repeat_interleave(rows, 0))
